@@ -1,0 +1,140 @@
+"""The coordination seam: how a tick takes its job's lock, reads and commits fleet state.
+
+:class:`Coordinator` is the protocol; :class:`LocalCoordinator` keeps the state in this
+process (local mode). ``ticklock._postgres.PostgresCoordinator`` keeps it in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._job import Outcome, RunResult
+
+if TYPE_CHECKING:
+    import asyncpg
+
+
+@dataclass(slots=True)
+class FleetState:
+    """What the fleet knows of one job."""
+
+    last_slot: datetime | None = None
+    """The watermark: the slot of the last successful run."""
+    last_end: datetime | None = None
+    """When the last run that executed (any outcome) ended: fixed delay counts from here."""
+    last_success_at: datetime | None = None
+    consecutive_failures: int = 0
+
+    def committed(self, result: RunResult) -> None:
+        """Fold a successful run into the state."""
+        self.last_slot = result.slot
+        self.last_end = result.finished_at
+        self.last_success_at = result.finished_at
+        self.consecutive_failures = 0
+
+    def failed(self, result: RunResult) -> None:
+        """Fold a run that executed and did not commit into the state."""
+        if self.last_end is None or result.finished_at > self.last_end:
+            self.last_end = result.finished_at
+        if result.slot is None or self.last_slot is None or self.last_slot < result.slot:
+            self.consecutive_failures += 1
+
+
+class Attempt(Protocol):
+    """One tick's hold on its job: the lock (or not), the fleet state, the connection."""
+
+    acquired: bool
+    state: FleetState
+    conn: asyncpg.Connection[Any] | None
+
+    async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
+        """Write the watermark, the success and the run record, and commit."""
+        ...
+
+    async def close(self) -> None:
+        """Roll back what was not committed and release the connection."""
+        ...
+
+
+class Coordinator(Protocol):
+    """Where the fleet's state lives and how a tick excludes the others."""
+
+    async def open(self) -> None:
+        """Connect and prepare (PostgreSQL: create the pool, migrate)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what :meth:`open` took."""
+        ...
+
+    async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
+        """Register ``jobs`` (id: when it is overdue without a success) and return the fleet
+        state of every job of the namespace."""
+        ...
+
+    async def attempt(self, job_id: str, budget: float) -> Attempt:
+        """Begin a tick: try the job's lock and read its state under it."""
+        ...
+
+    async def record_failure(self, result: RunResult) -> None:
+        """Record a run that did not commit, in a transaction of its own."""
+        ...
+
+    def classify(self, exc: BaseException) -> Outcome | None:
+        """``Outcome.ERROR`` if ``exc`` means coordination was lost (outage, killed session)."""
+        ...
+
+
+class _LocalAttempt:
+    __slots__ = ("_coordinator", "_job_id", "acquired", "conn", "state")
+
+    def __init__(self, coordinator: LocalCoordinator, job_id: str, acquired: bool) -> None:
+        self._coordinator = coordinator
+        self._job_id = job_id
+        self.acquired = acquired
+        self.conn: asyncpg.Connection[Any] | None = None
+        state = coordinator.states.get(job_id)
+        self.state = FleetState() if state is None else replace(state)
+
+    async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
+        self._coordinator.states.setdefault(self._job_id, FleetState()).committed(result)
+
+    async def close(self) -> None:
+        if self.acquired:
+            self._coordinator.held.discard(self._job_id)
+            self.acquired = False
+
+
+class LocalCoordinator:
+    """In-process coordination: one lock per job id and the state in a dict."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, FleetState] = {}
+        self.held: set[str] = set()
+
+    async def open(self) -> None:
+        """Nothing to prepare in local mode."""
+
+    async def close(self) -> None:
+        """Nothing to release in local mode."""
+
+    async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
+        """A copy of the in-process state."""
+        return {job_id: replace(s) for job_id, s in self.states.items()}
+
+    async def attempt(self, job_id: str, budget: float) -> Attempt:
+        """Take the job's in-process lock if it is free."""
+        acquired = job_id not in self.held
+        if acquired:
+            self.held.add(job_id)
+        return _LocalAttempt(self, job_id, acquired)
+
+    async def record_failure(self, result: RunResult) -> None:
+        """Count the failure in the in-process state."""
+        self.states.setdefault(result.job_id, FleetState()).failed(result)
+
+    def classify(self, exc: BaseException) -> Outcome | None:
+        """Local mode has no coordination to lose."""
+        return None

@@ -1,0 +1,260 @@
+"""Five-field Vixie cron: parsing, matching in local wall time, and the DST rule.
+
+The matcher walks *naive* local wall time minute by minute (skipping whole months, days
+and hours that cannot match) and maps each match to UTC with :mod:`zoneinfo`:
+
+* a wall time that happens twice (fall back): *wildcard* expressions (minute or hour field
+  starting with ``*``) fire at every real occurrence, the others once, at the first;
+* a wall time that does not exist (spring forward): wildcard expressions skip it, the
+  others fire once at the first real instant after the gap (collapsing with any other fire
+  at that instant).
+
+This is the rule of Vixie/ISC cron and cronie. croniter is not used: on aware datetimes it
+fires a daily 02:30 job twice at fall back and it accepts fields Vixie cron refuses.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+from ._errors import ScheduleError
+
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# (name, low, high, names) of the five fields, in order.
+_FIELDS = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day-of-month", 1, 31, ()),
+    ("month", 1, 12, _MONTHS),
+    ("day-of-week", 0, 7, _DAYS),
+)
+# The longest DST shift searched around an instant (historic double summer time was 2 h).
+_SHIFT = timedelta(hours=3)
+_MINUTE = timedelta(minutes=1)
+# A schedule that finds no fire in a full 28-year calendar cycle never fires.
+_HORIZON_YEARS = 29
+
+
+def _value(token: str, field: str, low: int, high: int, names: tuple[str, ...]) -> int:
+    lowered = token.lower()
+    if names and lowered in names:
+        return names.index(lowered) + (1 if field == "month" else 0)
+    if not token.isdigit():
+        extra = f" or a name ({', '.join(names)})" if names else ""
+        raise ScheduleError(f"cron {field} field: {token!r} is not a number{extra}", field="expr")
+    number = int(token)
+    if not low <= number <= high:
+        raise ScheduleError(
+            f"cron {field} field: {number} is out of range {low}-{high}", field="expr"
+        )
+    return number
+
+
+def _parse_field(text: str, field: str, low: int, high: int, names: tuple[str, ...]) -> set[int]:
+    result: set[int] = set()
+    for part in text.split(","):
+        if not part:
+            raise ScheduleError(f"cron {field} field: empty list element in {text!r}", field="expr")
+        base, slash, step_text = part.partition("/")
+        step = 1
+        if slash:
+            if not step_text.isdigit() or int(step_text) == 0:
+                raise ScheduleError(
+                    f"cron {field} field: step {step_text!r} must be a positive number",
+                    field="expr",
+                )
+            step = int(step_text)
+        if base == "*":
+            start, stop = low, high
+        elif "-" in base:
+            first, _, last = base.partition("-")
+            start = _value(first, field, low, high, names)
+            stop = _value(last, field, low, high, names)
+            if start > stop:
+                raise ScheduleError(
+                    f"cron {field} field: range {base!r} runs backwards", field="expr"
+                )
+        else:
+            if slash:
+                raise ScheduleError(
+                    f"cron {field} field: a step needs a range or '*' ({part!r}: "
+                    f"write '{base}-{high}/{step}' or '*/{step}')",
+                    field="expr",
+                )
+            start = stop = _value(base, field, low, high, names)
+        result.update(range(start, stop + 1, step))
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class CronSpec:
+    """A parsed, validated five-field expression (sets of allowed values per field)."""
+
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]  # 0 = Sunday .. 6 = Saturday
+    day_or: bool  # neither day field starts with '*': a day matches if either does
+    wildcard: bool  # minute or hour field starts with '*': the DST rule for wildcards
+
+    @classmethod
+    def parse(cls, expr: str) -> CronSpec:
+        """Parse ``expr`` (five fields or an ``@`` alias), raising :class:`ScheduleError`."""
+        if not isinstance(expr, str):
+            raise ScheduleError(f"cron expression must be a string, got {expr!r}", field="expr")
+        text = expr.strip()
+        if text.startswith("@"):
+            if text.lower() not in _ALIASES:
+                raise ScheduleError(
+                    f"cron expression {expr!r}: unknown alias (use one of {', '.join(_ALIASES)})",
+                    field="expr",
+                )
+            text = _ALIASES[text.lower()]
+        fields = text.split()
+        if len(fields) != 5:
+            raise ScheduleError(
+                f"cron expression {expr!r} has {len(fields)} fields; expected 5 "
+                "(minute hour day-of-month month day-of-week)",
+                field="expr",
+            )
+        sets = [_parse_field(f, *spec) for f, spec in zip(fields, _FIELDS, strict=True)]
+        weekdays = frozenset(d % 7 for d in sets[4])
+        return cls(
+            minutes=tuple(sorted(sets[0])),
+            hours=tuple(sorted(sets[1])),
+            days=frozenset(sets[2]),
+            months=frozenset(sets[3]),
+            weekdays=weekdays,
+            day_or=not fields[2].startswith("*") and not fields[4].startswith("*"),
+            wildcard=fields[0].startswith("*") or fields[1].startswith("*"),
+        )
+
+    def day_matches(self, day: datetime) -> bool:
+        """Whether the calendar day of ``day`` matches the day-of-month/day-of-week rule."""
+        dom = day.day in self.days
+        dow = (day.isoweekday() % 7) in self.weekdays
+        return (dom or dow) if self.day_or else (dom and dow)
+
+    def matches(self, local: datetime) -> bool:
+        """Whether the naive wall time ``local`` (whole minute) matches."""
+        return (
+            local.minute in self.minutes
+            and local.hour in self.hours
+            and local.month in self.months
+            and self.day_matches(local)
+        )
+
+    def next_naive(self, start: datetime) -> datetime | None:
+        """The first matching naive wall time at or after ``start`` (a whole minute)."""
+        t = start
+        limit = start.year + _HORIZON_YEARS
+        while t.year <= limit:
+            if t.month not in self.months:
+                year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
+                t = datetime(year, month, 1)
+                continue
+            if not self.day_matches(t):
+                t = datetime(t.year, t.month, t.day) + timedelta(days=1)
+                continue
+            i = bisect.bisect_left(self.hours, t.hour)
+            if i == len(self.hours):
+                t = datetime(t.year, t.month, t.day) + timedelta(days=1)
+                continue
+            if self.hours[i] != t.hour:
+                t = t.replace(hour=self.hours[i], minute=0)
+            j = bisect.bisect_left(self.minutes, t.minute)
+            if j == len(self.minutes):
+                t = t.replace(minute=0) + timedelta(hours=1)
+                continue
+            return t.replace(minute=self.minutes[j])
+        return None
+
+    def naive_matches(self, start: datetime) -> Iterator[datetime]:
+        """Every matching naive wall time at or after ``start``, in order."""
+        t: datetime | None = start
+        while t is not None:
+            t = self.next_naive(t)
+            if t is not None:
+                yield t
+                t += _MINUTE
+
+
+def instants(local: datetime, zone: ZoneInfo, wildcard: bool) -> tuple[datetime, ...]:
+    """The UTC instants at which the naive wall time ``local`` fires in ``zone``.
+
+    Two for a repeated wall time with a wildcard expression, one otherwise; for a wall time
+    in a gap, none (wildcard) or the first instant after the gap.
+    """
+    early = local.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+    late = local.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+    early_ok = early.astimezone(zone).replace(tzinfo=None) == local
+    late_ok = late.astimezone(zone).replace(tzinfo=None) == local
+    if early_ok and late_ok:
+        if early == late or not wildcard:
+            return (min(early, late),)
+        return (min(early, late), max(early, late))
+    if early_ok or late_ok:  # pragma: no cover - zoneinfo keeps fold=0 valid for normal times
+        return (early if early_ok else late,)
+    if wildcard:
+        return ()
+    return (_gap_end(min(early, late), max(early, late), zone),)
+
+
+def _gap_end(low: datetime, high: datetime, zone: ZoneInfo) -> datetime:
+    """The transition instant in ``(low, high]`` at which ``zone``'s offset grows."""
+    offset = low.astimezone(zone).utcoffset()
+    # Binary search on whole seconds: the offset is ``offset`` before, larger after.
+    lo, hi = 0, int((high - low).total_seconds())
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (low + timedelta(seconds=mid)).astimezone(zone).utcoffset() == offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    return low + timedelta(seconds=lo)
+
+
+def next_fire(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """The first fire instant strictly after the aware ``after``, in UTC."""
+    local_after = after.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0)
+    best: datetime | None = None
+    best_local: datetime | None = None
+    for local in spec.naive_matches(local_after - _SHIFT):
+        if best_local is not None and local > best_local + _SHIFT:
+            break
+        for instant in instants(local, zone, spec.wildcard):
+            if instant > after and (best is None or instant < best):
+                best = instant
+                best_local = local
+    return best
+
+
+def shortest_period(spec: CronSpec, samples: int = 512) -> timedelta | None:
+    """The shortest gap between consecutive fires (ignoring DST), or ``None`` if it never fires."""
+    previous: datetime | None = None
+    shortest: timedelta | None = None
+    for count, local in enumerate(spec.naive_matches(datetime(2001, 1, 1))):
+        if previous is not None:
+            gap = local - previous
+            shortest = gap if shortest is None else min(shortest, gap)
+        if count >= samples:
+            break
+        previous = local
+    if previous is None:
+        return None
+    return shortest if shortest is not None else timedelta(days=366)

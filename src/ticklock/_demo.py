@@ -1,0 +1,79 @@
+"""``ticklock demo``: a local-mode scheduler with a few real jobs, printing each run."""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from datetime import datetime, timezone
+
+import anyio
+
+from ._job import JobContext
+from ._scheduler import Scheduler
+from ._triggers import cron, every
+
+
+class _Printer(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        if not hasattr(record, "outcome"):
+            return
+        slot = str(getattr(record, "slot", "-"))[11:23]
+        report = getattr(record, "report", None)
+        error = getattr(record, "error", None)
+        detail = f" error={error}" if error else (f" report={report}" if report is not None else "")
+        print(
+            f"{record.job_id:<10} slot={slot:<12} {record.outcome:<8} "  # type: ignore[attr-defined]
+            f"{record.duration * 1000:7.1f} ms{detail}",  # type: ignore[attr-defined]
+            flush=True,
+        )
+
+
+def build() -> Scheduler:
+    """The demo's scheduler: a jittered heartbeat, a job that sometimes fails, a cron job."""
+    scheduler = Scheduler(shutdown_grace=2)
+    rng = random.Random()
+
+    @scheduler.job(every(2, jitter=0.5), id="heartbeat")
+    async def heartbeat(ctx: JobContext) -> dict[str, str]:
+        return {"late_ms": f"{(ctx.started_at - ctx.slot).total_seconds() * 1000:.0f}"}
+
+    @scheduler.job(every(3), id="flaky", timeout=1)
+    async def flaky(ctx: JobContext) -> dict[str, int]:
+        await anyio.sleep(rng.uniform(0, 0.2))
+        if rng.random() < 0.3:
+            raise RuntimeError("simulated failure (the next run still comes)")
+        return {"processed": rng.randint(1, 50)}
+
+    @scheduler.job(cron("* * * * *", tz="Europe/Berlin"), id="minutely")
+    async def minutely(ctx: JobContext) -> dict[str, str]:
+        return {"since": ctx.previous_success.isoformat() if ctx.previous_success else "start"}
+
+    return scheduler
+
+
+async def demo(seconds: float | None = None) -> None:
+    """Run the demo until Ctrl-C/SIGTERM (or for ``seconds``)."""
+    logger = logging.getLogger("ticklock")
+    logger.addHandler(_Printer())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    scheduler = build()
+    print("ticklock demo (local mode). Jobs and their next fire times:")
+    now = datetime.now(timezone.utc)
+    for job in scheduler.jobs.values():
+        fires, fire = [], now
+        for _ in range(3):
+            nxt = job.trigger.next_fire(fire)
+            if nxt is None:
+                break
+            fires.append(nxt.strftime("%H:%M:%S"))
+            fire = nxt
+        print(f"  {job.id:<10} {job.trigger.describe():<40} next: {', '.join(fires)} UTC")
+    print("Press Ctrl-C to stop.\n")
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with scheduler:
+            with anyio.move_on_after(seconds if seconds is not None else float("inf")):
+                async for _ in signals:
+                    break
+    print("\nstopped cleanly")

@@ -1,0 +1,190 @@
+"""A declared job, the context a run receives, and the records a run leaves."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ._durations import Duration, name, seconds
+from ._errors import ScheduleError
+from ._triggers import Cron, Every, Trigger
+
+if TYPE_CHECKING:
+    import asyncpg
+
+MAX_DEFAULT_TIMEOUT = 300.0
+
+
+class Outcome(str, enum.Enum):
+    """How a tick attempt ended."""
+
+    SUCCESS = "success"  #: the handler returned and everything committed
+    FAILURE = "failure"  #: the handler raised (or returned a report that is not JSON)
+    TIMEOUT = "timeout"  #: the handler ran past its timeout; rolled back
+    LOCKED = "locked"  #: another replica holds the job's lock
+    SKIPPED = "skipped"  #: the slot was already committed, or is not due fleet-wide yet
+    ERROR = "error"  #: coordination failed (the database is unreachable or dropped the session)
+    CANCELLED = "cancelled"  #: shutdown cancelled the run; rolled back
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a run knows: its slot, the fleet's watermark, its deadline and its connection.
+
+    ``conn`` is the asyncpg connection that holds the job's lock, inside the tick's
+    transaction: write through it and your writes commit with the watermark or not at all.
+    It is ``None`` in local mode.
+    """
+
+    job_id: str
+    slot: datetime
+    """The scheduled instant this run covers, UTC."""
+    previous_success: datetime | None
+    """The slot of the last successful run, fleet-wide (the watermark); ``None`` if none."""
+    started_at: datetime
+    deadline: datetime
+    """When the run's timeout expires (wall time, UTC)."""
+    owner: str
+    idempotency_key: str
+    """Stable for one job's slot (namespace, job id, slot): use it for side effects outside
+    the database, e.g. as an HTTP ``Idempotency-Key``."""
+    conn: asyncpg.Connection[Any] | None
+
+
+Handler = Callable[[JobContext], Awaitable[Any]]
+"""An ``async def handler(ctx: JobContext)`` returning ``None`` or a JSON-serialisable report."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """The record of one tick attempt."""
+
+    job_id: str
+    outcome: Outcome
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime
+    owner: str
+    report: Any = None
+    error: str | None = None
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to finish."""
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class JobHealth:
+    """One job's health: the absence alarm is ``overdue``."""
+
+    job_id: str
+    last_success: datetime | None
+    """When the last successful run finished (fleet-wide in PostgreSQL mode)."""
+    next_fire: datetime | None
+    consecutive_failures: int
+    overdue: bool
+    """A success was due by (first fire after the last success, or after start) + timeout +
+    overdue grace, and has not come."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Job:
+    """A declared job: its handler, trigger and limits, validated at declaration."""
+
+    id: str
+    func: Handler
+    trigger: Trigger
+    timeout: float
+    enabled: bool
+    catch_up: bool
+    overdue_grace: float
+
+    @classmethod
+    def declare(
+        cls,
+        func: Handler,
+        trigger: Trigger,
+        *,
+        id: str | None = None,
+        timeout: Duration | None = None,
+        enabled: bool = True,
+        catch_up: bool = True,
+        overdue_grace: Duration | None = None,
+    ) -> Job:
+        """Validate a declaration and build the job; raises :class:`ScheduleError`."""
+        job_id = name(id if id is not None else _default_id(func), "id")
+        if not isinstance(trigger, (Every, Cron)):
+            raise ScheduleError(
+                f"trigger must be every(...) or cron(...), got {trigger!r}",
+                job_id=job_id,
+                field="trigger",
+            )
+        if not callable(func) or not _is_async(func):
+            raise ScheduleError(
+                f"handler {_describe(func)} is not an async function; declare it with "
+                "'async def'. To run blocking code, call it in a worker thread from an async "
+                "handler: 'await anyio.to_thread.run_sync(blocking_function)'",
+                job_id=job_id,
+                field="func",
+            )
+        period = trigger.period
+        if timeout is None:
+            limit = min(period / 2, MAX_DEFAULT_TIMEOUT)
+        else:
+            limit = seconds(timeout, "timeout", job_id=job_id, allow_zero=False)
+            if limit >= period:
+                shape = "interval" if isinstance(trigger, Every) else "shortest gap between fires"
+                raise ScheduleError(
+                    f"timeout ({limit:g} s) must be shorter than the {shape} ({period:g} s)",
+                    job_id=job_id,
+                    field="timeout",
+                )
+        if overdue_grace is None:
+            grace = min(max(period * 0.1, 1.0), 300.0)
+        else:
+            grace = seconds(overdue_grace, "overdue_grace", job_id=job_id)
+        for flag, value in (("enabled", enabled), ("catch_up", catch_up)):
+            if not isinstance(value, bool):
+                raise ScheduleError(
+                    f"{flag} must be True or False, got {value!r}", job_id=job_id, field=flag
+                )
+        return cls(
+            id=job_id,
+            func=func,
+            trigger=trigger,
+            timeout=limit,
+            enabled=enabled,
+            catch_up=catch_up,
+            overdue_grace=grace,
+        )
+
+
+def idempotency_key(namespace: str, job_id: str, slot: datetime) -> str:
+    """A stable hex key for one job's slot: the same on every replica and every retry."""
+    text = f"{namespace}\x00{job_id}\x00{slot.isoformat()}"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _is_async(func: object) -> bool:
+    if inspect.iscoroutinefunction(func):
+        return True
+    return not inspect.isroutine(func) and inspect.iscoroutinefunction(type(func).__call__)
+
+
+def _default_id(func: object) -> str:
+    module = getattr(func, "__module__", None) or "?"
+    qualname = getattr(func, "__qualname__", None) or type(func).__qualname__
+    return f"{module}.{qualname}"
+
+
+def _describe(func: object) -> str:
+    return getattr(func, "__qualname__", None) or repr(func)

@@ -1,0 +1,158 @@
+"""The deadline heap that drives every job of a scheduler from one task.
+
+One sleeping task for all jobs: the loop sleeps until the earliest deadline (on the clock's
+monotonic time) and wakes early when a job is added, removed or rescheduled. A task exists
+only for a run in flight. Cron deadlines are wall-clock instants: the loop re-reads the wall
+clock at least every :data:`WALL_WATCH` seconds while a cron job is scheduled, so that a
+wall-clock step is noticed within that bound, and it never starts a cron run before its
+instant.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random as _random
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import NoReturn
+
+import anyio
+
+from ._clock import Clock
+from ._job import Job
+from ._triggers import Cron
+
+WALL_WATCH = 5.0
+"""Seconds between wall-clock checks while any cron job is scheduled (the G8 bound)."""
+STEP_TOLERANCE = 0.1
+"""A change of the wall-minus-monotonic offset larger than this re-plans cron deadlines."""
+
+
+class Entry:
+    """The runtime state of one scheduled job."""
+
+    __slots__ = (
+        "deadline",
+        "fire_at",
+        "generation",
+        "is_cron",
+        "jitter",
+        "job",
+        "removed",
+        "running",
+        "slot",
+    )
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.is_cron = isinstance(job.trigger, Cron)
+        self.slot: datetime | None = None
+        self.fire_at: datetime | None = None
+        self.jitter = 0.0
+        self.deadline = math.inf
+        self.generation = 0
+        self.running = False
+        self.removed = False
+
+
+class Dispatcher:
+    """Holds the deadlines of all entries and starts a run for each one that comes due."""
+
+    def __init__(self, clock: Clock, rng: _random.Random, spawn: Callable[[Entry], None]) -> None:
+        self._clock = clock
+        self._random = rng
+        self._spawn = spawn
+        self._heap: list[tuple[float, int, Entry, int]] = []
+        self._counter = itertools.count()
+        self._wake: anyio.CancelScope | None = None
+        self._sleeping_until = math.inf
+        self._offset: float | None = None
+        self.cron_jobs = 0
+
+    def schedule(
+        self, entry: Entry, slot: datetime | None, *, retry_after: float | None = None
+    ) -> None:
+        """Plan ``entry`` for ``slot`` (plus fresh jitter), or re-align after ``retry_after`` s."""
+        entry.generation += 1
+        clock = self._clock
+        now_m = clock.monotonic()
+        if retry_after is not None:
+            entry.slot = entry.fire_at = None
+            entry.jitter = 0.0
+            entry.deadline = now_m + retry_after
+        elif slot is None:  # the schedule is over
+            entry.slot = entry.fire_at = None
+            entry.deadline = math.inf
+            return
+        else:
+            jitter_max = entry.job.trigger.jitter
+            entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
+            entry.slot = slot
+            entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
+            wait = (entry.fire_at - clock.now()).total_seconds()
+            entry.deadline = now_m + wait if wait > 0 else now_m
+        heapq.heappush(self._heap, (entry.deadline, next(self._counter), entry, entry.generation))
+        if entry.deadline < self._sleeping_until and self._wake is not None:
+            self._wake.cancel()
+
+    def cancel(self, entry: Entry) -> None:
+        """Forget ``entry``'s deadline (its heap item goes stale)."""
+        entry.generation += 1
+        entry.removed = True
+        entry.deadline = math.inf
+
+    def wake(self) -> None:
+        """Make the loop re-read its deadlines now."""
+        if self._wake is not None:
+            self._wake.cancel()
+
+    async def run(self) -> NoReturn:
+        """Start every run that comes due, forever (until cancelled)."""
+        clock = self._clock
+        heap = self._heap
+        while True:
+            now_m = clock.monotonic()
+            now = clock.now() if self.cron_jobs else None
+            if now is not None:
+                self._watch_wall(now, now_m)
+            while heap and heap[0][0] <= now_m:
+                _, _, entry, generation = heapq.heappop(heap)
+                if generation != entry.generation or entry.running:
+                    continue
+                fire_at = entry.fire_at
+                if now is not None and fire_at is not None and fire_at > now and entry.is_cron:
+                    # never fire a cron job early (the wall clock stepped back)
+                    entry.deadline = now_m + (fire_at - now).total_seconds()
+                    heapq.heappush(heap, (entry.deadline, next(self._counter), entry, generation))
+                    continue
+                entry.running = True
+                self._spawn(entry)
+            until = heap[0][0] if heap else math.inf
+            if self.cron_jobs:
+                until = min(until, now_m + WALL_WATCH)
+            self._sleeping_until = until
+            with anyio.CancelScope() as scope:
+                self._wake = scope
+                await clock.sleep_until(until)
+            self._wake = None
+            self._sleeping_until = math.inf
+
+    def _watch_wall(self, now: datetime, now_m: float) -> None:
+        offset = now.timestamp() - now_m
+        if self._offset is None:
+            self._offset = offset
+            return
+        if abs(offset - self._offset) <= STEP_TOLERANCE:
+            return
+        # The wall clock stepped (NTP, VM suspend): re-plan every cron deadline from its instant.
+        self._offset = offset
+        rebuilt = []
+        for deadline, seq, entry, generation in self._heap:
+            if generation == entry.generation and entry.fire_at is not None and entry.is_cron:
+                wait = (entry.fire_at - now).total_seconds()
+                deadline = entry.deadline = now_m + max(wait, 0.0)
+            rebuilt.append((deadline, seq, entry, generation))
+        heapq.heapify(rebuilt)
+        self._heap[:] = rebuilt

@@ -1,0 +1,430 @@
+"""The scheduler: the registry of jobs and the lifecycle that runs them in a task group."""
+
+from __future__ import annotations
+
+import os
+import random as _random
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from . import _plan
+from ._clock import Clock, SystemClock
+from ._coordination import Coordinator, FleetState, LocalCoordinator
+from ._durations import Duration, identifier, name, seconds
+from ._errors import ScheduleError, SchedulerStateError
+from ._job import Handler, Job, JobHealth, Outcome, RunResult
+from ._loop import Dispatcher, Entry
+from ._telemetry import Telemetry, logger
+from ._tick import Runner
+from ._triggers import Cron, Trigger
+
+if TYPE_CHECKING:
+    import asyncpg
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+F = TypeVar("F", bound=Handler)
+_State = Literal["idle", "starting", "running", "stopping"]
+
+
+class Scheduler:
+    """Runs periodic jobs inside the current process, coordinated across replicas.
+
+    With neither ``dsn`` nor ``pool`` it runs in local mode (in-process coordination); with
+    either, each tick runs in a PostgreSQL transaction that holds the job's advisory lock::
+
+        scheduler = Scheduler()
+
+        @scheduler.job(every(minutes=15, jitter=30), timeout=60)
+        async def purge(ctx: JobContext) -> dict[str, int]: ...
+
+        async with scheduler:   # runs every job until the block is left
+            ...
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: asyncpg.Pool[Any] | None = None,
+        namespace: str = "default",
+        schema: str = "ticklock",
+        shutdown_grace: Duration = 30.0,
+        clock: Clock | None = None,
+        random: _random.Random | None = None,
+        owner: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        retention: Duration = timedelta(days=14),
+    ) -> None:
+        if dsn is not None and pool is not None:
+            raise ScheduleError("give either dsn or pool, not both", field="dsn")
+        if dsn is not None and (not isinstance(dsn, str) or not dsn):
+            raise ScheduleError("dsn must be a non-empty connection string", field="dsn")
+        self.namespace = name(namespace, "namespace")
+        self.schema = identifier(schema, "schema")
+        self.shutdown_grace = seconds(shutdown_grace, "shutdown_grace")
+        self.retention = seconds(retention, "retention", allow_zero=False)
+        self.owner = name(owner if owner is not None else _default_owner(), "owner")
+        self._dsn = dsn
+        self._pool = pool
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._random = random if random is not None else _random.Random()
+        self._jobs: dict[str, Job] = {}
+        self._entries: dict[str, Entry] = {}
+        self._states: dict[str, FleetState] = {}
+        self._status: _State = "idle"
+        self._started_at: dict[str, datetime] = {}
+        self._runs: TaskGroup | None = None
+        self._outer: TaskGroup | None = None
+        self._dispatcher = Dispatcher(self._clock, self._random, self._spawn)
+        self._telemetry = Telemetry(self._last_successes, tracer_provider, meter_provider)
+        self._coordinator: Coordinator = LocalCoordinator()
+        self._runner: Runner | None = None
+        self._in_flight = 0
+        self._idle = anyio.Event()
+        self._stopped = anyio.Event()
+        if self.postgres:
+            from ._schema import Retention
+
+            self.add(
+                Retention(self.schema, self.namespace, self.retention),
+                _retention_trigger(),
+                id="ticklock.retention",
+                timeout=60,
+            )
+
+    # -- declaration ---------------------------------------------------------------------
+
+    @property
+    def postgres(self) -> bool:
+        """Whether this scheduler coordinates through PostgreSQL."""
+        return self._dsn is not None or self._pool is not None
+
+    @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The declared jobs by id (a read-only view)."""
+        return MappingProxyType(self._jobs)
+
+    def job(
+        self,
+        trigger: Trigger,
+        *,
+        id: str | None = None,
+        timeout: Duration | None = None,
+        enabled: bool = True,
+        catch_up: bool = True,
+        overdue_grace: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Declare the decorated ``async def handler(ctx)`` as a job; see :meth:`add`."""
+
+        def decorate(func: F) -> F:
+            self.add(
+                func,
+                trigger,
+                id=id,
+                timeout=timeout,
+                enabled=enabled,
+                catch_up=catch_up,
+                overdue_grace=overdue_grace,
+            )
+            return func
+
+        return decorate
+
+    def add(
+        self,
+        func: Handler,
+        trigger: Trigger,
+        *,
+        id: str | None = None,
+        timeout: Duration | None = None,
+        enabled: bool = True,
+        catch_up: bool = True,
+        overdue_grace: Duration | None = None,
+    ) -> Job:
+        """Declare ``func`` as a job and return it; while running it is scheduled at once.
+
+        Raises :class:`ScheduleError` for anything that could not run, naming the job and
+        the field: a duplicate id, a non-async handler, ``timeout >= interval``, ...
+        """
+        job = Job.declare(
+            func,
+            trigger,
+            id=id,
+            timeout=timeout,
+            enabled=enabled,
+            catch_up=catch_up,
+            overdue_grace=overdue_grace,
+        )
+        if job.id in self._jobs:
+            raise ScheduleError(
+                "a job with this id is already declared; give one of them another id=",
+                job_id=job.id,
+                field="id",
+            )
+        self._jobs[job.id] = job
+        if self._status == "running":
+            self._start_job(job, self._states.get(job.id, FleetState()))
+        return job
+
+    def remove(self, id: str) -> Job:
+        """Remove the job ``id``; a run in flight finishes, no new one starts."""
+        try:
+            job = self._jobs.pop(id)
+        except KeyError:
+            raise KeyError(f"no job with id {id!r}") from None
+        entry = self._entries.pop(id, None)
+        if entry is not None:
+            self._dispatcher.cancel(entry)
+            if isinstance(job.trigger, Cron):
+                self._dispatcher.cron_jobs -= 1
+        return job
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Scheduler:
+        outer = anyio.create_task_group()
+        await outer.__aenter__()
+        try:
+            await outer.start(self.run)
+        except BaseException as exc:
+            outer.cancel_scope.cancel()
+            await outer.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._outer = outer
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        outer, self._outer = self._outer, None
+        assert outer is not None
+        outer.cancel_scope.cancel()
+        return await outer.__aexit__(exc_type, exc, tb)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run every job until cancelled, then shut down gracefully (the sidecar form).
+
+        Supports ``await task_group.start(scheduler.run)``: it reports started once every
+        job is scheduled.
+        """
+        if self._status != "idle":
+            raise SchedulerStateError(
+                "this scheduler is already running; a scheduler runs once at a time "
+                "(use one 'async with scheduler' or one 'await scheduler.run()')"
+            )
+        self._status = "starting"
+        try:
+            if self.postgres:
+                self._coordinator = self._make_postgres()
+            self._runner = Runner(
+                self._coordinator, self._clock, self.namespace, self.owner, self._telemetry
+            )
+            await self._coordinator.open()
+            try:
+                async with anyio.create_task_group() as tg:
+                    self._runs = await tg.start(self._hold_runs)
+                    try:
+                        await self._serve(task_status)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._drain()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._coordinator.close()
+        except Exception:
+            logger.exception("ticklock: the scheduler stopped on an error")
+            raise
+        finally:
+            self._status = "idle"
+            self._runs = None
+            for entry in self._entries.values():
+                self._dispatcher.cancel(entry)
+            self._entries.clear()
+            self._dispatcher.cron_jobs = 0
+
+    async def _serve(self, task_status: TaskStatus[None]) -> None:
+        now = self._clock.now()
+        self._states = await self._coordinator.load(
+            {j.id: _plan.overdue_at(j, now) for j in self._jobs.values() if j.enabled}
+        )
+        for job in self._jobs.values():
+            self._start_job(job, self._states.get(job.id, FleetState()))
+        self._status = "running"
+        logger.info(
+            "ticklock: scheduler started (%s mode, %d jobs, owner %s)",
+            "postgres" if self.postgres else "local",
+            len(self._jobs),
+            self.owner,
+        )
+        task_status.started()
+        await self._dispatcher.run()
+
+    async def _hold_runs(self, *, task_status: TaskStatus[TaskGroup]) -> None:
+        # Runs in flight live in a shielded task group so that cancelling run() stops new
+        # ticks at once but gives the runs in flight their shutdown grace.
+        self._stopped = anyio.Event()
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as runs:
+                task_status.started(runs)
+                await self._stopped.wait()
+
+    async def _drain(self) -> None:
+        self._status = "stopping"
+        for entry in self._entries.values():
+            self._dispatcher.cancel(entry)
+        runs = self._runs
+        if runs is not None:
+            if self._in_flight:
+                self._idle = anyio.Event()
+                with anyio.move_on_after(self.shutdown_grace):
+                    await self._idle.wait()
+            runs.cancel_scope.cancel()
+            self._stopped.set()
+        logger.info("ticklock: scheduler stopped")
+
+    def _make_postgres(self) -> Coordinator:
+        from ._postgres import PostgresCoordinator
+
+        return PostgresCoordinator(
+            dsn=self._dsn,
+            pool=self._pool,
+            namespace=self.namespace,
+            schema=self.schema,
+            clock=self._clock,
+        )
+
+    def _start_job(self, job: Job, state: FleetState) -> None:
+        entry = self._entries[job.id] = Entry(job)
+        now = self._clock.now()
+        self._started_at[job.id] = now
+        if not job.enabled:
+            return
+        if isinstance(job.trigger, Cron):
+            self._dispatcher.cron_jobs += 1
+        self._dispatcher.schedule(entry, _plan.first(job, state, now))
+
+    def _spawn(self, entry: Entry) -> None:
+        assert self._runs is not None
+        self._in_flight += 1
+        self._runs.start_soon(self._tick, entry, name=f"ticklock.run {entry.job.id}")
+
+    async def _tick(self, entry: Entry) -> None:
+        job = entry.job
+        assert self._runner is not None
+        try:
+            result, state = await self._runner.execute(job, entry.slot, entry.fire_at, entry.jitter)
+        except Exception:  # a bug in ticklock itself must not stop the job
+            logger.exception("ticklock: internal error in a tick of %s", job.id)
+            if not entry.removed and self._status == "running":
+                self._dispatcher.schedule(entry, None, retry_after=job.trigger.period)
+            return
+        finally:
+            entry.running = False
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+        self._after(entry, result, state)
+
+    def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
+        job = entry.job
+        if state is not None:
+            self._states[job.id] = state
+        if entry.removed or self._status != "running":
+            return
+        if result.outcome is Outcome.LOCKED:
+            self._dispatcher.schedule(entry, None, retry_after=job.trigger.period)
+        elif result.outcome is Outcome.SKIPPED and state is not None:
+            self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
+        else:
+            self._dispatcher.schedule(entry, _plan.after(job.trigger, result.finished_at))
+
+    # -- operations ----------------------------------------------------------------------
+
+    async def run_now(self, id: str) -> RunResult:
+        """Run one tick of job ``id`` now (slot = now), under the same lock and recording.
+
+        Returns the run's result; ``outcome`` is ``locked`` if a run of the job is in flight.
+        """
+        if self._status != "running":
+            raise SchedulerStateError(
+                "run_now() needs a running scheduler: call it inside 'async with scheduler'"
+            )
+        try:
+            job = self._jobs[id]
+        except KeyError:
+            raise KeyError(f"no job with id {id!r}") from None
+        assert self._runner is not None
+        result, state = await self._runner.execute(job, None, manual=True)
+        entry = self._entries.get(id)
+        if state is not None:
+            self._states[id] = state
+            if entry is not None and job.enabled and not entry.running and not entry.removed:
+                self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
+        return result
+
+    def health(self, now: datetime | None = None) -> list[JobHealth]:
+        """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""
+        if now is None:
+            now = self._clock.now()
+        result = []
+        for job in self._jobs.values():
+            state = self._states.get(job.id) or FleetState()
+            entry = self._entries.get(job.id)
+            next_fire = entry.fire_at if entry is not None else None
+            overdue = False
+            base = state.last_success_at or self._started_at.get(job.id)
+            if job.enabled and self._status == "running" and base is not None:
+                limit = _plan.overdue_at(job, base)
+                overdue = limit is not None and now > limit
+            result.append(
+                JobHealth(
+                    job_id=job.id,
+                    last_success=state.last_success_at,
+                    next_fire=next_fire,
+                    consecutive_failures=state.consecutive_failures,
+                    overdue=overdue,
+                )
+            )
+        return result
+
+    def _last_successes(self) -> list[tuple[str, datetime]]:
+        return [
+            (job_id, state.last_success_at)
+            for job_id, state in self._states.items()
+            if state.last_success_at is not None and job_id in self._jobs
+        ]
+
+    # -- integrations --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        """An ASGI lifespan: ``FastAPI(lifespan=scheduler.lifespan)``."""
+        async with self:
+            yield
+
+    async def aiohttp_ctx(self, app: object) -> AsyncIterator[None]:
+        """An aiohttp cleanup context: ``app.cleanup_ctx.append(scheduler.aiohttp_ctx)``."""
+        async with self:
+            yield
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _retention_trigger() -> Trigger:
+    from ._triggers import every
+
+    return every(hours=1, jitter=300)

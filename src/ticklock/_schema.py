@@ -1,0 +1,98 @@
+"""ticklock's tables in PostgreSQL, their idempotent migration, and the retention sweep.
+
+``jobs`` holds one row of fleet state per ``(namespace, job_id)``; ``runs`` the history.
+The schema name is validated as a plain identifier and always quoted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._lock_key import lock_key
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from ._job import JobContext
+
+VERSION = 1
+_MIGRATION_LOCK = "ticklock.migrate"
+
+
+def quote(schema: str) -> str:
+    """The schema as a quoted SQL identifier (it was validated as a plain identifier)."""
+    return '"' + schema.replace('"', '""') + '"'
+
+
+def migration(schema: str) -> str:
+    """The DDL that creates (or leaves as they are) ticklock's tables in ``schema``."""
+    s = quote(schema)
+    return f"""
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE TABLE IF NOT EXISTS {s}.jobs (
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    last_slot timestamptz,
+    last_end timestamptz,
+    last_success_at timestamptz,
+    last_outcome text,
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    overdue_at timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, job_id)
+);
+CREATE TABLE IF NOT EXISTS {s}.runs (
+    id bigserial PRIMARY KEY,
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    slot timestamptz,
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL,
+    outcome text NOT NULL,
+    owner text NOT NULL,
+    report jsonb,
+    error text
+);
+CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
+CREATE INDEX IF NOT EXISTS runs_finished ON {s}.runs (finished_at);
+CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer NOT NULL);
+INSERT INTO {s}.schema_version (version)
+    SELECT {VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);
+"""
+
+
+async def migrate(conn: asyncpg.Connection[Any], schema: str) -> None:
+    """Create ticklock's tables; idempotent, and safe when replicas start at once.
+
+    A transaction-level advisory lock serialises concurrent migrations (``CREATE ... IF NOT
+    EXISTS`` alone races on the catalog).
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
+        await conn.execute(migration(schema))
+
+
+class Retention:
+    """The built-in job ``ticklock.retention``: deletes run records older than ``keep``.
+
+    It deletes in batches of :attr:`BATCH` rows per run so that a tick stays short.
+    """
+
+    BATCH = 10_000
+
+    def __init__(self, schema: str, namespace: str, keep: float) -> None:
+        self._sql = (
+            f"WITH d AS (DELETE FROM {quote(schema)}.runs WHERE id IN ("
+            f"SELECT id FROM {quote(schema)}.runs WHERE namespace = $1 "
+            f"AND finished_at < now() - make_interval(secs => $2) LIMIT {self.BATCH}) "
+            "RETURNING 1) SELECT count(*) FROM d"
+        )
+        self._namespace = namespace
+        self._keep = keep
+
+    async def __call__(self, ctx: JobContext) -> dict[str, int]:
+        """Delete one batch of expired run records through the tick's connection."""
+        if ctx.conn is None:
+            return {"deleted": 0}
+        deleted = await ctx.conn.fetchval(self._sql, self._namespace, self._keep)
+        return {"deleted": int(deleted)}

@@ -1,0 +1,145 @@
+"""OpenTelemetry spans and metrics and the stdlib log lines of every tick.
+
+Only ``opentelemetry-api`` is needed: with no SDK configured every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span, Status, StatusCode
+
+from ._job import Outcome, RunResult
+
+logger = logging.getLogger("ticklock")
+
+NAME = "ticklock"
+JOB_ID = "ticklock.job.id"
+OUTCOME = "ticklock.run.outcome"
+SLOT = "ticklock.run.slot"
+OWNER = "ticklock.run.owner"
+JITTER = "ticklock.run.jitter"
+LATENESS = "ticklock.run.lateness"
+_ERRORS = frozenset({Outcome.FAILURE, Outcome.TIMEOUT, Outcome.ERROR})
+_QUIET = frozenset({Outcome.LOCKED, Outcome.SKIPPED})
+
+LastSuccesses = Callable[[], Iterable[tuple[str, datetime]]]
+
+
+class Telemetry:
+    """The tracer, the instruments and the logger of one scheduler."""
+
+    def __init__(
+        self,
+        last_successes: LastSuccesses,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        from . import __version__
+
+        self._last_successes = last_successes
+        self.tracer = trace.get_tracer(NAME, __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(NAME, __version__, meter_provider=meter_provider)
+        self.duration = meter.create_histogram(
+            "ticklock.run.duration", unit="s", description="Duration of tick attempts."
+        )
+        self.runs = meter.create_counter(
+            "ticklock.runs", unit="{run}", description="Tick attempts, by job and outcome."
+        )
+        self.lateness = meter.create_histogram(
+            "ticklock.run.lateness",
+            unit="s",
+            description="Start of a run minus its intended instant (slot plus jitter).",
+        )
+        meter.create_observable_gauge(
+            "ticklock.job.last_success",
+            callbacks=[self._observe],
+            unit="s",
+            description="Unix time of each job's last successful run (fleet-wide).",
+        )
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(when.timestamp(), {JOB_ID: job_id})
+            for job_id, when in self._last_successes()
+        ]
+
+    @contextmanager
+    def span(self, job_id: str) -> Iterator[Span]:
+        """The span of one tick attempt, current while the handler runs."""
+        with self.tracer.start_as_current_span(
+            f"ticklock.run {job_id}",
+            attributes={JOB_ID: job_id},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+
+    def record(
+        self,
+        span: Span,
+        result: RunResult,
+        *,
+        jitter: float,
+        lateness: float | None,
+        exc: BaseException | None,
+    ) -> None:
+        """Put the outcome on the span, the metrics and the log."""
+        outcome = result.outcome.value
+        if span.is_recording():
+            span.set_attribute(OUTCOME, outcome)
+            span.set_attribute(OWNER, result.owner)
+            span.set_attribute(JITTER, jitter)
+            if result.slot is not None:
+                span.set_attribute(SLOT, result.slot.isoformat())
+            if lateness is not None:
+                span.set_attribute(LATENESS, lateness)
+            if result.outcome in _ERRORS:
+                if exc is not None:
+                    span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, result.error))
+        attributes = {JOB_ID: result.job_id, OUTCOME: outcome}
+        self.runs.add(1, attributes)
+        self.duration.record(result.duration, attributes)
+        if lateness is not None:
+            self.lateness.record(lateness, {JOB_ID: result.job_id})
+        self._log(result, exc)
+
+    def _log(self, result: RunResult, exc: BaseException | None) -> None:
+        level = (
+            logging.ERROR
+            if result.outcome in _ERRORS
+            else logging.DEBUG
+            if result.outcome in _QUIET
+            else logging.INFO
+        )
+        if not logger.isEnabledFor(level):
+            return
+        slot = result.slot.isoformat() if result.slot is not None else "-"
+        report = json.dumps(result.report) if result.report is not None else "-"
+        logger.log(
+            level,
+            "ticklock run %s slot=%s outcome=%s duration=%.3fs report=%s%s",
+            result.job_id,
+            slot,
+            result.outcome.value,
+            result.duration,
+            report,
+            f" error={result.error}" if result.error else "",
+            exc_info=exc if level == logging.ERROR and exc is not None else None,
+            extra={
+                "job_id": result.job_id,
+                "slot": slot,
+                "outcome": result.outcome.value,
+                "duration": result.duration,
+                "report": result.report,
+                "owner": result.owner,
+                "error": result.error,
+            },
+        )

