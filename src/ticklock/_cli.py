@@ -43,7 +43,9 @@ def load_scheduler(target: str) -> Scheduler:
     """Import ``MODULE:ATTR`` and return the :class:`Scheduler` it names."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise SystemExit(f"ticklock: expected MODULE:ATTR (e.g. myapp.jobs:scheduler), got {target!r}")
+        raise SystemExit(
+            f"ticklock: expected MODULE:ATTR (e.g. myapp.jobs:scheduler), got {target!r}"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     module = importlib.import_module(module_name)
@@ -134,7 +136,11 @@ async def _status(args: argparse.Namespace) -> int:
     overdue = 0
     print(f"{'job':<40} {'last success':<27} {'last outcome':<12} {'fails':>5}  status")
     for row in rows:
-        last = row["last_success_at"].isoformat(timespec="seconds") if row["last_success_at"] else "never"
+        last = (
+            row["last_success_at"].isoformat(timespec="seconds")
+            if row["last_success_at"]
+            else "never"
+        )
         flag = "OVERDUE" if row["overdue"] else "ok"
         overdue += bool(row["overdue"])
         print(
@@ -192,7 +198,9 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     p = sub.add_parser("run", help="run a scheduler from your code as a sidecar process")
-    p.add_argument("target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler")
+    p.add_argument(
+        "target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler"
+    )
     db_options(p, required=False)
     p.add_argument("--log-level", default="INFO", help="log level of the 'ticklock' logger")
     p.set_defaults(func=_cmd_run)

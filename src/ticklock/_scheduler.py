@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random as _random
 import socket
@@ -191,13 +192,16 @@ class Scheduler:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Scheduler:
+        self._check_idle()
         outer = anyio.create_task_group()
         await outer.__aenter__()
         try:
             await outer.start(self.run)
-        except BaseException as exc:
+        except BaseException:
+            # start() raised the error itself; close the group without re-raising it grouped
             outer.cancel_scope.cancel()
-            await outer.__aexit__(type(exc), exc, exc.__traceback__)
+            with contextlib.suppress(BaseException):
+                await outer.__aexit__(None, None, None)
             raise
         self._outer = outer
         return self
@@ -219,11 +223,7 @@ class Scheduler:
         Supports ``await task_group.start(scheduler.run)``: it reports started once every
         job is scheduled.
         """
-        if self._status != "idle":
-            raise SchedulerStateError(
-                "this scheduler is already running; a scheduler runs once at a time "
-                "(use one 'async with scheduler' or one 'await scheduler.run()')"
-            )
+        self._check_idle()
         self._status = "starting"
         try:
             if self.postgres:
@@ -253,6 +253,13 @@ class Scheduler:
                 self._dispatcher.cancel(entry)
             self._entries.clear()
             self._dispatcher.cron_jobs = 0
+
+    def _check_idle(self) -> None:
+        if self._status != "idle":
+            raise SchedulerStateError(
+                "this scheduler is already running; a scheduler runs once at a time "
+                "(use one 'async with scheduler' or one 'await scheduler.run()')"
+            )
 
     async def _serve(self, task_status: TaskStatus[None]) -> None:
         now = self._clock.now()

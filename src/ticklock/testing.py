@@ -23,6 +23,7 @@ import anyio
 __all__ = ("ManualClock",)
 
 _DEFAULT_START = datetime(2030, 1, 1, tzinfo=timezone.utc)
+_SETTLE_ROUNDS = 10_000  # bounds the wait when some task never blocks
 
 
 class ManualClock:
@@ -90,14 +91,17 @@ async def _settle() -> None:
         await anyio.wait_all_tasks_blocked()
         return
     this = asyncio.current_task()
-    await asyncio.sleep(0)
-    while True:
+    loop = asyncio.get_running_loop()
+    for _ in range(_SETTLE_ROUNDS):
+        await asyncio.sleep(0)
+        # pending callbacks (e.g. anyio delivering a cancellation) are work still to do
+        if getattr(loop, "_ready", None):
+            continue
         for task in asyncio.all_tasks():
             if task is this:
                 continue
             waiter = getattr(task, "_fut_waiter", None)
             if waiter is None or waiter.done():
-                await asyncio.sleep(0)
                 break
         else:
             return

@@ -1,0 +1,59 @@
+"""Shared fixtures: anyio backends, a real PostgreSQL server, fresh schemas per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from pgserver import TempPostgres
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Local-mode tests run on both backends."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[TempPostgres | None]:
+    """A throwaway PostgreSQL server for the session, unless TICKLOCK_TEST_DSN names one."""
+    if os.environ.get("TICKLOCK_TEST_DSN"):
+        yield None
+        return
+    server = TempPostgres()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_server: TempPostgres | None) -> str:
+    """The DSN of the test server."""
+    return os.environ.get("TICKLOCK_TEST_DSN") or (pg_server.dsn if pg_server else "")
+
+
+@pytest.fixture
+def pg_schema() -> str:
+    """A schema name of this test's own, so tests never see each other's state."""
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def pg_conn(pg_dsn: str) -> AsyncIterator[object]:
+    """A direct connection for assertions (asyncio only: asyncpg needs asyncio)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -1,0 +1,59 @@
+"""Helpers shared by the tests."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+UTC = timezone.utc
+
+
+@dataclass
+class Seen:
+    job_id: str
+    slot: str
+    outcome: str
+    error: str | None
+
+
+class RunLog(logging.Handler):
+    """Collects the one log record ticklock writes per tick attempt."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.runs: list[Seen] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, "outcome"):
+            self.runs.append(
+                Seen(
+                    record.job_id,  # type: ignore[attr-defined]
+                    record.slot,  # type: ignore[attr-defined]
+                    record.outcome,  # type: ignore[attr-defined]
+                    record.error,  # type: ignore[attr-defined]
+                )
+            )
+
+    def outcomes(self, job_id: str) -> list[str]:
+        return [r.outcome for r in self.runs if r.job_id == job_id]
+
+
+@contextmanager
+def run_log() -> Iterator[RunLog]:
+    logger = logging.getLogger("ticklock")
+    handler = RunLog()
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

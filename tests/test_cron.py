@@ -1,0 +1,395 @@
+"""Cron parsing, matching and the Vixie DST rule, table-driven and against a brute force."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ticklock import ScheduleError, cron
+from ticklock._cron import CronSpec
+
+UTC = timezone.utc
+
+
+def z(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def fires(expr: str, tz: str, after: str, count: int) -> list[str]:
+    trigger = cron(expr, tz=tz)
+    out, t = [], z(after)
+    for _ in range(count):
+        nxt = trigger.next_fire(t)
+        assert nxt is not None
+        assert nxt.tzinfo is UTC
+        out.append(nxt.strftime("%Y-%m-%dT%H:%MZ"))
+        t = nxt
+    return out
+
+
+DST_CASES = [
+    # Europe/Berlin: spring forward 2026-03-29 02:00 CET -> 03:00 CEST (01:00Z)
+    pytest.param(
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2026-03-28T12:00Z",
+        ["2026-03-29T01:00Z", "2026-03-30T00:30Z"],
+        id="berlin_spring_fixed_fires_at_gap_end",
+    ),
+    pytest.param(
+        "*/30 * * * *",
+        "Europe/Berlin",
+        "2026-03-29T00:00Z",
+        ["2026-03-29T00:30Z", "2026-03-29T01:00Z", "2026-03-29T01:30Z"],
+        id="berlin_spring_wildcard_skips_missing_hour",
+    ),
+    pytest.param(
+        "0,30 1-3 * * *",
+        "Europe/Berlin",
+        "2026-03-28T23:30Z",
+        [
+            "2026-03-29T00:00Z",
+            "2026-03-29T00:30Z",
+            "2026-03-29T01:00Z",
+            "2026-03-29T01:30Z",
+            "2026-03-29T23:00Z",
+        ],
+        id="berlin_spring_fixed_list_collapses_at_gap_end",
+    ),
+    # Europe/Berlin: fall back 2026-10-25 03:00 CEST -> 02:00 CET (01:00Z)
+    pytest.param(
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2026-10-24T12:00Z",
+        ["2026-10-25T00:30Z", "2026-10-26T01:30Z"],
+        id="berlin_fall_fixed_fires_once",
+    ),
+    pytest.param(
+        "*/30 * * * *",
+        "Europe/Berlin",
+        "2026-10-24T23:50Z",
+        [
+            "2026-10-25T00:00Z",
+            "2026-10-25T00:30Z",
+            "2026-10-25T01:00Z",
+            "2026-10-25T01:30Z",
+            "2026-10-25T02:00Z",
+        ],
+        id="berlin_fall_wildcard_fires_every_occurrence",
+    ),
+    pytest.param(
+        "0 0-23 * * *",
+        "Europe/Berlin",
+        "2026-10-24T23:00Z",
+        ["2026-10-25T00:00Z", "2026-10-25T02:00Z"],
+        id="berlin_fall_hour_range_is_not_wildcard",
+    ),
+    pytest.param(
+        "0 */2 * * *",
+        "Europe/Berlin",
+        "2026-10-24T23:30Z",
+        ["2026-10-25T00:00Z", "2026-10-25T01:00Z", "2026-10-25T03:00Z"],
+        id="berlin_fall_hour_step_is_wildcard",
+    ),
+    # America/New_York: spring 2026-03-08 02:00 EST -> 03:00 EDT (07:00Z); fall 11-01 06:00Z
+    pytest.param(
+        "30 2 * * *",
+        "America/New_York",
+        "2026-03-07T12:00Z",
+        ["2026-03-08T07:00Z", "2026-03-09T06:30Z"],
+        id="new_york_spring_fixed",
+    ),
+    pytest.param(
+        "30 1 * * *",
+        "America/New_York",
+        "2026-10-31T12:00Z",
+        ["2026-11-01T05:30Z", "2026-11-02T06:30Z"],
+        id="new_york_fall_fixed_once",
+    ),
+    pytest.param(
+        "*/20 1 * * *",
+        "America/New_York",
+        "2026-11-01T04:59Z",
+        [
+            "2026-11-01T05:00Z",
+            "2026-11-01T05:20Z",
+            "2026-11-01T05:40Z",
+            "2026-11-01T06:00Z",
+            "2026-11-01T06:20Z",
+            "2026-11-01T06:40Z",
+            "2026-11-02T06:00Z",
+        ],
+        id="new_york_fall_minute_wildcard_twice",
+    ),
+    # Australia/Sydney (southern hemisphere): spring 2026-10-04 02:00 -> 03:00 (10-03T16:00Z),
+    # fall 2026-04-05 03:00 AEDT -> 02:00 AEST (04-04T16:00Z)
+    pytest.param(
+        "30 2 * * *",
+        "Australia/Sydney",
+        "2026-10-03T00:00Z",
+        ["2026-10-03T16:00Z", "2026-10-04T15:30Z"],
+        id="sydney_spring_fixed",
+    ),
+    pytest.param(
+        "30 2 * * *",
+        "Australia/Sydney",
+        "2026-04-04T00:00Z",
+        ["2026-04-04T15:30Z", "2026-04-05T16:30Z"],
+        id="sydney_fall_fixed_once",
+    ),
+    pytest.param(
+        "30 * * * *",
+        "Australia/Sydney",
+        "2026-04-04T15:00Z",
+        ["2026-04-04T15:30Z", "2026-04-04T16:30Z", "2026-04-04T17:30Z"],
+        id="sydney_fall_hour_wildcard_twice",
+    ),
+    # Australia/Lord_Howe: half-hour shifts. Spring 2026-10-04 02:00 -> 02:30 (10-03T15:30Z);
+    # fall 2026-04-05 02:00 LHDT -> 01:30 LHST (04-04T15:00Z)
+    pytest.param(
+        "15 2 * * *",
+        "Australia/Lord_Howe",
+        "2026-10-03T00:00Z",
+        ["2026-10-03T15:30Z", "2026-10-04T15:15Z"],
+        id="lord_howe_spring_half_hour_gap",
+    ),
+    pytest.param(
+        "45 1 * * *",
+        "Australia/Lord_Howe",
+        "2026-04-04T00:00Z",
+        ["2026-04-04T14:45Z", "2026-04-05T15:15Z"],
+        id="lord_howe_fall_fixed_once",
+    ),
+    pytest.param(
+        "*/15 1 * * *",
+        "Australia/Lord_Howe",
+        "2026-04-04T13:59Z",
+        [
+            "2026-04-04T14:00Z",
+            "2026-04-04T14:15Z",
+            "2026-04-04T14:30Z",
+            "2026-04-04T14:45Z",
+            "2026-04-04T15:00Z",
+            "2026-04-04T15:15Z",
+            "2026-04-05T14:30Z",
+        ],
+        id="lord_howe_fall_wildcard_repeats_half_hour",
+    ),
+    # Pacific/Apia skipped 2011-12-30 entirely (UTC-10 -> UTC+14 at 2011-12-30T10:00Z)
+    pytest.param(
+        "0 3 * * *",
+        "Pacific/Apia",
+        "2011-12-29T12:00Z",
+        ["2011-12-29T13:00Z", "2011-12-30T10:00Z", "2011-12-30T13:00Z"],
+        id="apia_skipped_day_fires_once_after_gap",
+    ),
+    pytest.param(
+        "0 * * * *",
+        "Pacific/Apia",
+        "2011-12-30T08:30Z",
+        ["2011-12-30T09:00Z", "2011-12-30T10:00Z", "2011-12-30T11:00Z"],
+        id="apia_skipped_day_wildcard_skips",
+    ),
+]
+
+
+@pytest.mark.parametrize(("expr", "tz", "after", "expected"), DST_CASES)
+def test_dst_rule(expr: str, tz: str, after: str, expected: list[str]) -> None:
+    assert fires(expr, tz, after, len(expected)) == expected
+
+
+FIELD_CASES = [
+    pytest.param(
+        "5-5 * * * *",
+        "2026-01-01T00:00Z",
+        ["2026-01-01T00:05Z", "2026-01-01T01:05Z"],
+        id="single_value_range",
+    ),
+    pytest.param(
+        "*/15 * * * *", "2026-01-01T00:00Z", ["2026-01-01T00:15Z", "2026-01-01T00:30Z"], id="step"
+    ),
+    pytest.param(
+        "10-20/5 * * * *",
+        "2026-01-01T00:12Z",
+        ["2026-01-01T00:15Z", "2026-01-01T00:20Z", "2026-01-01T01:10Z"],
+        id="range_step",
+    ),
+    pytest.param(
+        "0 12 * * mon-fri",
+        "2026-01-02T13:00Z",  # Friday
+        ["2026-01-05T12:00Z", "2026-01-06T12:00Z"],
+        id="weekday_names",
+    ),
+    pytest.param(
+        "0 0 1 jan,jul *",
+        "2026-01-01T00:00Z",
+        ["2026-07-01T00:00Z", "2027-01-01T00:00Z"],
+        id="month_names",
+    ),
+    pytest.param(
+        "0 0 13 * 5",
+        "2026-02-01T00:00Z",  # the 13th OR a Friday
+        ["2026-02-06T00:00Z", "2026-02-13T00:00Z", "2026-02-20T00:00Z"],
+        id="day_of_month_or_day_of_week",
+    ),
+    pytest.param(
+        "0 0 */10 * 5",
+        "2026-02-01T00:00Z",  # dom starts with *: both must match
+        ["2026-05-01T00:00Z", "2026-07-31T00:00Z"],
+        id="star_day_field_means_and",
+    ),
+    pytest.param("0 0 * * 7", "2026-01-01T00:00Z", ["2026-01-04T00:00Z"], id="sunday_is_7"),
+    pytest.param("0 0 29 2 *", "2026-01-01T00:00Z", ["2028-02-29T00:00Z"], id="leap_day"),
+    pytest.param("@hourly", "2026-01-01T00:30Z", ["2026-01-01T01:00Z"], id="alias_hourly"),
+    pytest.param("@daily", "2026-01-01T00:30Z", ["2026-01-02T00:00Z"], id="alias_daily"),
+    pytest.param("@midnight", "2026-01-01T00:30Z", ["2026-01-02T00:00Z"], id="alias_midnight"),
+    pytest.param("@weekly", "2026-01-01T00:30Z", ["2026-01-04T00:00Z"], id="alias_weekly"),
+    pytest.param("@monthly", "2026-01-01T00:30Z", ["2026-02-01T00:00Z"], id="alias_monthly"),
+    pytest.param("@yearly", "2026-01-01T00:30Z", ["2027-01-01T00:00Z"], id="alias_yearly"),
+    pytest.param("@annually", "2026-01-01T00:30Z", ["2027-01-01T00:00Z"], id="alias_annually"),
+]
+
+
+@pytest.mark.parametrize(("expr", "after", "expected"), FIELD_CASES)
+def test_fields(expr: str, after: str, expected: list[str]) -> None:
+    assert fires(expr, "UTC", after, len(expected)) == expected
+
+
+def test_next_fire_is_strictly_after() -> None:
+    trigger = cron("0 * * * *")
+    assert trigger.next_fire(z("2026-01-01T01:00Z")) == z("2026-01-01T02:00Z")
+    assert trigger.next_fire(z("2026-01-01T00:59:59.999999Z")) == z("2026-01-01T01:00Z")
+
+
+def test_next_fire_accepts_any_aware_zone_and_returns_utc() -> None:
+    berlin = datetime(2026, 6, 1, 12, 0, tzinfo=ZoneInfo("Europe/Berlin"))
+    nxt = cron("0 * * * *").next_fire(berlin)
+    assert nxt == z("2026-06-01T11:00Z")
+    assert nxt is not None and nxt.tzinfo is UTC
+
+
+def test_next_fire_refuses_naive() -> None:
+    with pytest.raises(ValueError, match=r"^next_fire\(after\): after must be an aware datetime"):
+        cron("* * * * *").next_fire(datetime(2026, 1, 1))
+
+
+BAD = [
+    ("* * * *", r"^cron expression '\* \* \* \*' has 4 fields; expected 5 "),
+    ("0 * * * * *", r"has 6 fields; expected 5"),
+    ("60 * * * *", r"^cron minute field: 60 is out of range 0-59$"),
+    ("* 24 * * *", r"^cron hour field: 24 is out of range 0-23$"),
+    ("* * 0 * *", r"^cron day-of-month field: 0 is out of range 1-31$"),
+    ("* * * 13 *", r"^cron month field: 13 is out of range 1-12$"),
+    ("* * * * 8", r"^cron day-of-week field: 8 is out of range 0-7$"),
+    ("5-1 * * * *", r"^cron minute field: range '5-1' runs backwards$"),
+    ("*/0 * * * *", r"^cron minute field: step '0' must be a positive number$"),
+    ("5/10 * * * *", r"^cron minute field: a step needs a range or '\*'"),
+    ("L * * * *", r"^cron minute field: 'L' is not a number$"),
+    ("* * L * *", r"^cron day-of-month field: 'L' is not a number$"),
+    ("* * ? * *", r"^cron day-of-month field: '\?' is not a number$"),
+    ("* * * * 1#2", r"^cron day-of-week field: '1#2' is not a number or a name"),
+    ("* * 1W * *", r"^cron day-of-month field: '1W' is not a number$"),
+    ("1,,2 * * * *", r"^cron minute field: empty list element in '1,,2'$"),
+    ("@reboot", r"^cron expression '@reboot': unknown alias"),
+    ("0 0 30 2 *", r"^cron expression '0 0 30 2 \*' never fires$"),
+]
+
+
+@pytest.mark.parametrize(("expr", "message"), BAD, ids=[b[0] for b in BAD])
+def test_bad_expressions_are_refused_at_declaration(expr: str, message: str) -> None:
+    with pytest.raises(ScheduleError, match=message) as info:
+        cron(expr)
+    assert info.value.field == "expr"
+
+
+def test_unknown_zone() -> None:
+    with pytest.raises(ScheduleError, match=r"^cron\(\): tz 'Mars/Olympus' is not a known IANA"):
+        cron("* * * * *", tz="Mars/Olympus")
+
+
+def test_cron_jitter_must_be_smaller_than_the_shortest_gap() -> None:
+    with pytest.raises(ScheduleError, match=r"jitter \(60 s\) must be smaller than the shortest"):
+        cron("* * * * *", jitter=60)
+    assert cron("0,1 * * * *").period == 60
+    assert cron("*/15 * * * *").period == 900
+
+
+# -- property test against an independent brute force -----------------------------------
+
+TRANSITIONS = {
+    "Europe/Berlin": ["2026-03-29T01:00Z", "2026-10-25T01:00Z"],
+    "America/New_York": ["2026-03-08T07:00Z", "2026-11-01T06:00Z"],
+    "Australia/Sydney": ["2026-10-03T16:00Z", "2026-04-04T16:00Z"],
+    "Australia/Lord_Howe": ["2026-10-03T15:30Z", "2026-04-04T15:00Z"],
+    "UTC": ["2026-06-01T00:00Z"],
+}
+MINUTES = ["*", "*/15", "0", "30", "0,30", "5-10", "*/7", "59"]
+HOURS = ["*", "*/2", "1", "2", "1-3", "0-23", "2,3", "*/5"]
+DOMS = ["*", "*", "1", "4,5", "*/2", "1-7"]
+DOWS = ["*", "*", "0", "1-5", "sun", "6"]
+
+
+def brute_next(expr: str, zone: ZoneInfo, after: datetime, horizon: timedelta) -> datetime | None:
+    """Minute by minute in UTC: the rule stated directly, not the library's walk."""
+    spec = CronSpec.parse(expr)
+    fields = expr.split()
+    wildcard = fields[0].startswith("*") or fields[1].startswith("*")
+    start = (after + timedelta(minutes=1)).replace(second=0, microsecond=0)
+    u = start - timedelta(minutes=1)
+    end = after + horizon
+    while u <= end:
+        local = u.astimezone(zone)
+        if u > after and spec.matches(local.replace(tzinfo=None)):
+            if wildcard or local.fold == 0:
+                return u
+        # a forward transition between u and u+1min skips wall times: fixed expressions
+        # whose skipped wall time matches fire at the instant after the gap
+        nxt = u + timedelta(minutes=1)
+        before_off, after_off = local.utcoffset(), nxt.astimezone(zone).utcoffset()
+        assert before_off is not None and after_off is not None
+        if after_off > before_off and not wildcard and nxt > after:
+            wall = local.replace(tzinfo=None) + timedelta(minutes=1)
+            stop = nxt.astimezone(zone).replace(tzinfo=None)
+            while wall < stop:
+                if spec.matches(wall):
+                    return nxt
+                wall += timedelta(minutes=1)
+        u = nxt
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    zone_name=st.sampled_from(sorted(TRANSITIONS)),
+    which=st.integers(0, 1),
+    offset=st.integers(-26 * 60, 26 * 60),
+    seconds=st.integers(0, 59),
+    minute=st.sampled_from(MINUTES),
+    hour=st.sampled_from(HOURS),
+    dom=st.sampled_from(DOMS),
+    dow=st.sampled_from(DOWS),
+)
+def test_next_fire_matches_brute_force(
+    zone_name: str,
+    which: int,
+    offset: int,
+    seconds: int,
+    minute: str,
+    hour: str,
+    dom: str,
+    dow: str,
+) -> None:
+    expr = f"{minute} {hour} {dom} * {dow}"
+    points = TRANSITIONS[zone_name]
+    after = z(points[which % len(points)]) + timedelta(minutes=offset, seconds=seconds)
+    zone = ZoneInfo(zone_name)
+    expected = brute_next(expr, zone, after, timedelta(days=3))
+    got = cron(expr, tz=zone_name).next_fire(after)
+    if expected is None:
+        assert got is None or got > after + timedelta(days=3)
+    else:
+        assert got == expected, (expr, zone_name, after)

@@ -1,0 +1,340 @@
+"""The scheduler in local mode, on asyncio and trio, driven by a ManualClock (no real sleeps)."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+import anyio
+import pytest
+
+from helpers import UTC, at, run_log
+from ticklock import JobContext, Outcome, Scheduler, SchedulerStateError, cron, every
+from ticklock.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+T0 = at("2026-03-29T00:00Z")
+
+
+def elapsed(clock: ManualClock, when: datetime) -> float:
+    return (when - T0).total_seconds()
+
+
+async def test_every_is_fixed_delay_from_the_end_of_the_previous_run() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    starts: list[float] = []
+    slots: list[float] = []
+
+    @scheduler.job(every(10), id="work", timeout=5)
+    async def work(ctx: JobContext) -> None:
+        starts.append(clock.monotonic())
+        slots.append(elapsed(clock, ctx.slot))
+        await clock.sleep_until(clock.monotonic() + 3)  # the run takes 3 s
+
+    async with scheduler:
+        await clock.advance(45)
+    assert starts == [0, 13, 26, 39]
+    assert slots == [0, 13, 26, 39]
+
+
+async def test_initial_delay_and_catch_up_window() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    seen: list[tuple[float, float | None]] = []
+
+    @scheduler.job(every(minutes=1, initial_delay=5), id="work")
+    async def work(ctx: JobContext) -> None:
+        prev = ctx.previous_success
+        seen.append((elapsed(clock, ctx.slot), None if prev is None else elapsed(clock, prev)))
+
+    async with scheduler:
+        await clock.advance(130)
+    assert seen == [(5, None), (65, 5), (125, 65)]
+
+
+async def test_jitter_is_drawn_from_the_injected_random() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, random=random.Random(7))
+    late: list[float] = []
+    slots: list[float] = []
+
+    @scheduler.job(every(10, jitter=4), id="work")
+    async def work(ctx: JobContext) -> None:
+        late.append(round((ctx.started_at - ctx.slot).total_seconds(), 6))
+        slots.append(round(elapsed(clock, ctx.slot), 6))
+
+    async with scheduler:
+        await clock.advance(60)
+    draws = random.Random(7)
+    expected = [round(draws.uniform(0, 4), 6) for _ in late]
+    assert late == expected
+    assert all(0 <= x <= 4 for x in late)
+    # fixed delay: each slot is the previous run's end (start, the body takes no time) + 10 s
+    for previous, slot, jitter in zip(slots, slots[1:], late, strict=False):
+        assert slot == pytest.approx(previous + jitter + 10)
+
+
+async def test_cron_runs_in_its_zone_across_spring_forward() -> None:
+    clock = ManualClock(at("2026-03-28T23:50Z"))
+    scheduler = Scheduler(clock=clock)
+    slots: list[str] = []
+
+    @scheduler.job(cron("*/30 * * * *", tz="Europe/Berlin"), id="half-hourly")
+    async def work(ctx: JobContext) -> None:
+        assert clock.now() == ctx.slot  # fires at its instant, never early
+        slots.append(ctx.slot.strftime("%H:%MZ"))
+
+    async with scheduler:
+        await clock.advance(2 * 3600)
+    # 01:00 CET=00:00Z, 01:30 CET, then 03:00 CEST=01:00Z: local 02:00 and 02:30 do not exist
+    assert slots == ["00:00Z", "00:30Z", "01:00Z", "01:30Z"]
+
+
+async def test_a_failing_a_hanging_and_a_garbage_job_do_not_disturb_the_others() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    healthy: list[float] = []
+
+    @scheduler.job(every(10), id="healthy")
+    async def ok(ctx: JobContext) -> dict[str, int]:
+        healthy.append(clock.monotonic())
+        return {"n": 1}
+
+    @scheduler.job(every(10), id="raises")
+    async def raises(ctx: JobContext) -> None:
+        raise RuntimeError("boom")
+
+    @scheduler.job(every(10), id="hangs", timeout=2)
+    async def hangs(ctx: JobContext) -> None:
+        await anyio.sleep_forever()
+
+    @scheduler.job(every(10), id="garbage")
+    async def garbage(ctx: JobContext) -> object:
+        return {"when": object()}
+
+    with run_log() as log:
+        async with scheduler:
+            await clock.advance(35)
+    assert healthy == [0, 10, 20, 30]
+    assert log.outcomes("raises") == ["failure"] * 4
+    assert log.outcomes("hangs") == ["timeout"] * 3  # at 0, 12, 24 (+2 s each)
+    assert log.outcomes("garbage") == ["failure"] * 4
+    garbage_error = next(r.error for r in log.runs if r.job_id == "garbage")
+    assert garbage_error is not None and "not JSON-serialisable" in garbage_error
+    health = {h.job_id: h for h in scheduler.health()}
+    assert health["raises"].consecutive_failures == 4
+    assert health["healthy"].consecutive_failures == 0
+
+
+async def test_health_flags_a_job_overdue_once_its_success_is_late() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    fail = False
+
+    @scheduler.job(every(60), id="work", timeout=10, overdue_grace=5)
+    async def work(ctx: JobContext) -> None:
+        if fail:
+            raise RuntimeError("down")
+
+    async with scheduler:
+        await clock.advance(1)
+        (h,) = scheduler.health()
+        assert h.last_success == T0 and not h.overdue
+        fail = True
+        await clock.advance(60 + 10 + 5 - 1)  # 1 s before the limit: due 60 + timeout + grace
+        assert not scheduler.health()[0].overdue
+        await clock.advance(1.5)
+        (h,) = scheduler.health()
+        assert h.overdue and h.consecutive_failures == 1
+        assert scheduler.health(now=T0 + timedelta(seconds=30))[0].overdue is False
+
+
+async def test_add_and_remove_while_running_take_effect_at_once() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    runs: list[tuple[str, float]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        runs.append((ctx.job_id, clock.monotonic()))
+
+    scheduler.add(handler, every(100), id="slow")
+    async with scheduler:
+        await clock.advance(5)
+        scheduler.add(handler, every(10), id="fast")
+        await clock.advance(25)
+        scheduler.remove("fast")
+        await clock.advance(50)
+    assert runs == [("slow", 0), ("fast", 5), ("fast", 15), ("fast", 25)]
+    assert "fast" not in scheduler.jobs
+
+
+async def test_disabled_job_is_declared_but_never_runs() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    ran = []
+
+    @scheduler.job(every(1), id="off", enabled=False)
+    async def off(ctx: JobContext) -> None:
+        ran.append(1)
+
+    async with scheduler:
+        await clock.advance(10)
+        (h,) = scheduler.health()
+    assert ran == [] and h.next_fire is None and not h.overdue
+
+
+async def test_run_now_runs_under_the_same_lock_and_reports() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    gate = anyio.Event()
+    calls: list[datetime] = []
+
+    @scheduler.job(every(3600), id="work")
+    async def work(ctx: JobContext) -> dict[str, str]:
+        calls.append(ctx.slot)
+        if len(calls) == 3:  # the scheduled run, the first run_now, then this one waits
+            await gate.wait()
+        return {"slot": ctx.slot.isoformat()}
+
+    with pytest.raises(SchedulerStateError, match="run_now\\(\\) needs a running scheduler"):
+        await scheduler.run_now("work")
+    async with scheduler:
+        await clock.advance(60)
+        result = await scheduler.run_now("work")
+        assert result.outcome is Outcome.SUCCESS
+        assert result.slot == T0 + timedelta(seconds=60)
+        assert result.report == {"slot": result.slot.isoformat()}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scheduler.run_now, "work")
+            await clock.settle()
+            second = await scheduler.run_now("work")  # the first is still in flight
+            assert second.outcome is Outcome.LOCKED
+            gate.set()
+        with pytest.raises(KeyError, match="no job with id 'nope'"):
+            await scheduler.run_now("nope")
+
+
+async def test_entering_twice_is_a_precise_error() -> None:
+    scheduler = Scheduler(clock=ManualClock(T0))
+    async with scheduler:
+        with pytest.raises(SchedulerStateError, match="^this scheduler is already running"):
+            async with scheduler:
+                pass
+    async with scheduler:  # a stopped scheduler may be started again
+        pass
+
+
+async def test_run_as_a_sidecar_with_task_group_start() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    ran: list[float] = []
+
+    @scheduler.job(every(5), id="work")
+    async def work(ctx: JobContext) -> None:
+        ran.append(clock.monotonic())
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(scheduler.run)
+        await clock.advance(12)
+        tg.cancel_scope.cancel()
+    assert ran == [0, 5, 10]
+    async with scheduler:  # cancelled cleanly: it can start again
+        pass
+
+
+async def test_shutdown_waits_for_runs_in_flight_within_the_grace() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, shutdown_grace=5)
+    finished = []
+
+    @scheduler.job(every(60), id="work")
+    async def work(ctx: JobContext) -> None:
+        await anyio.sleep(0.05)  # real time: shutdown grace is real time
+        finished.append(ctx.slot)
+
+    with run_log() as log:
+        async with scheduler:
+            await clock.settle()
+    assert finished == [T0]
+    assert log.outcomes("work") == ["success"]
+
+
+async def test_shutdown_cancels_runs_past_the_grace_and_records_them() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, shutdown_grace=0.1)
+    cleaned = []
+
+    @scheduler.job(every(60), id="stuck", timeout=30)
+    async def stuck(ctx: JobContext) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cleaned.append(True)
+
+    with run_log() as log:
+        with anyio.fail_after(5):
+            async with scheduler:
+                await clock.settle()
+    assert cleaned == [True]
+    assert log.outcomes("stuck") == ["cancelled"]
+
+
+async def test_a_restarted_local_scheduler_catches_up_from_its_watermark() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    seen: list[tuple[str, str | None]] = []
+
+    @scheduler.job(cron("0 * * * *"), id="hourly")
+    async def hourly(ctx: JobContext) -> None:
+        prev = ctx.previous_success
+        seen.append((ctx.slot.strftime("%H:%M"), prev.strftime("%H:%M") if prev else None))
+
+    async with scheduler:
+        await clock.advance(3600)
+    await clock.advance(3 * 3600 + 60)  # down across 02:00, 03:00 and 04:00
+    async with scheduler:
+        await clock.settle()
+    assert seen == [("01:00", None), ("04:00", "01:00")]
+
+
+async def test_without_catch_up_missed_slots_are_skipped() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    seen: list[str] = []
+
+    @scheduler.job(cron("0 * * * *"), id="hourly", catch_up=False)
+    async def hourly(ctx: JobContext) -> None:
+        seen.append(ctx.slot.strftime("%H:%M"))
+
+    async with scheduler:
+        await clock.advance(3600)
+    await clock.advance(3 * 3600 + 60)
+    async with scheduler:
+        await clock.advance(3600)
+    assert seen == ["01:00", "05:00"]
+
+
+async def test_context_fields() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, namespace="app", owner="replica-1")
+    got: list[JobContext] = []
+
+    @scheduler.job(every(60), id="work", timeout=7)
+    async def work(ctx: JobContext) -> None:
+        got.append(ctx)
+
+    async with scheduler:
+        await clock.advance(61)
+    first, second = got
+    assert first.job_id == "work" and first.owner == "replica-1" and first.conn is None
+    assert first.slot.tzinfo is UTC and first.started_at == T0
+    assert first.deadline == T0 + timedelta(seconds=7)
+    assert first.idempotency_key != second.idempotency_key
+    assert len(first.idempotency_key) == 32
+    # the key is stable: derived from namespace, job id and slot only
+    from ticklock._job import idempotency_key
+
+    assert first.idempotency_key == idempotency_key("app", "work", T0)
+    assert idempotency_key("other", "work", T0) != first.idempotency_key
