@@ -57,30 +57,6 @@ def load_scheduler(target: str) -> Scheduler:
     return obj
 
 
-def with_dsn(scheduler: Scheduler, dsn: str) -> Scheduler:
-    """A copy of ``scheduler`` (same settings and jobs) that coordinates through ``dsn``."""
-    copy = Scheduler(
-        dsn,
-        namespace=scheduler.namespace,
-        schema=scheduler.schema,
-        shutdown_grace=scheduler.shutdown_grace,
-        owner=scheduler.owner,
-        retention=scheduler.retention,
-    )
-    for job in scheduler.jobs.values():
-        if job.id not in copy.jobs:
-            copy.add(
-                job.func,
-                job.trigger,
-                id=job.id,
-                timeout=job.timeout,
-                enabled=job.enabled,
-                catch_up=job.catch_up,
-                overdue_grace=job.overdue_grace,
-            )
-    return copy
-
-
 async def serve(scheduler: Scheduler) -> None:
     """Run ``scheduler`` until SIGTERM or SIGINT, then shut down gracefully."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -95,7 +71,7 @@ async def serve(scheduler: Scheduler) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     scheduler = load_scheduler(args.target)
     if args.dsn:
-        scheduler = with_dsn(scheduler, args.dsn)
+        scheduler.use_dsn(args.dsn)
     anyio.run(serve, scheduler)
     return EXIT_OK
 

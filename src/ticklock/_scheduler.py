@@ -88,19 +88,31 @@ class Scheduler:
         self._dispatcher = Dispatcher(self._clock, self._random, self._spawn)
         self._telemetry = Telemetry(self._last_successes, tracer_provider, meter_provider)
         self._coordinator: Coordinator = LocalCoordinator()
+        if self.postgres:
+            self._add_retention()
         self._runner: Runner | None = None
         self._in_flight = 0
         self._idle = anyio.Event()
         self._stopped = anyio.Event()
-        if self.postgres:
-            from ._schema import Retention
 
+    def _add_retention(self) -> None:
+        from ._schema import Retention
+
+        if "ticklock.retention" not in self._jobs:
             self.add(
                 Retention(self.schema, self.namespace, self.retention),
                 _retention_trigger(),
                 id="ticklock.retention",
                 timeout=60,
             )
+
+    def use_dsn(self, dsn: str) -> None:
+        """Switch a scheduler that is not running to PostgreSQL mode (the CLI's ``--dsn``)."""
+        self._check_idle()
+        if not isinstance(dsn, str) or not dsn:
+            raise ScheduleError("dsn must be a non-empty connection string", field="dsn")
+        self._dsn, self._pool = dsn, None
+        self._add_retention()
 
     # -- declaration ---------------------------------------------------------------------
 

@@ -1,0 +1,96 @@
+"""The application the replica-process tests run with ``python -m ticklock run replica_app:scheduler``.
+
+Configured by environment variables: ``REPLICA_SCENARIO``, ``REPLICA_OWNER``,
+``REPLICA_SCHEMA``, ``REPLICA_MARKER`` (a file touched when a handler holds its lock) and
+``REPLICA_SHIFT`` (seconds added to the wall clock, to bring a cron minute close).
+Every handler writes one row to ``<schema>.log`` through ``ctx.conn``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import anyio
+
+from ticklock import JobContext, Scheduler, SystemClock, cron, every
+
+SCENARIO = os.environ.get("REPLICA_SCENARIO", "fleet")
+OWNER = os.environ.get("REPLICA_OWNER", "replica")
+SCHEMA = os.environ.get("REPLICA_SCHEMA", "ticklock")
+MARKER = Path(os.environ.get("REPLICA_MARKER", "/nonexistent/marker"))
+SHIFT = float(os.environ.get("REPLICA_SHIFT", "0"))
+
+
+class ShiftedClock(SystemClock):
+    """The system clock moved by a fixed offset (the same in every replica)."""
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=SHIFT)
+
+
+scheduler = Scheduler(
+    schema=SCHEMA, owner=OWNER, clock=ShiftedClock() if SHIFT else None, shutdown_grace=2
+)
+runs = 0
+
+
+async def log(ctx: JobContext, started: datetime, note: str = "") -> None:
+    assert ctx.conn is not None
+    await ctx.conn.execute(
+        f"INSERT INTO {SCHEMA}.log (job, slot, owner, started, finished, previous, note) "
+        "VALUES ($1, $2, $3, $4, clock_timestamp(), $5, $6)",
+        ctx.job_id,
+        ctx.slot,
+        ctx.owner,
+        started,
+        ctx.previous_success,
+        note,
+    )
+
+
+async def begin(ctx: JobContext) -> datetime:
+    assert ctx.conn is not None
+    started: datetime = await ctx.conn.fetchval("SELECT clock_timestamp()")
+    return started
+
+
+if SCENARIO == "fleet":
+
+    @scheduler.job(every(0.2), id="fast")
+    async def fast(ctx: JobContext) -> None:
+        await log(ctx, await begin(ctx))
+
+    @scheduler.job(every(0.5, jitter=0.1), id="slow", timeout=0.4)
+    async def slow(ctx: JobContext) -> None:
+        started = await begin(ctx)
+        await anyio.sleep(0.1)
+        await log(ctx, started)
+
+    @scheduler.job(cron("* * * * *"), id="minute")
+    async def minute(ctx: JobContext) -> None:
+        await log(ctx, await begin(ctx))
+
+elif SCENARIO == "pause":
+
+    @scheduler.job(every(2), id="paused", timeout=1.5)
+    async def paused(ctx: JobContext) -> None:
+        started = await begin(ctx)
+        await log(ctx, started, note=OWNER)
+        if OWNER == "A":
+            MARKER.touch()
+            await anyio.sleep(1.2)  # the test SIGSTOPs this process here
+
+elif SCENARIO == "crash":
+
+    @scheduler.job(every(1), id="crashy", timeout=0.9)
+    async def crashy(ctx: JobContext) -> None:
+        global runs
+        runs += 1
+        started = await begin(ctx)
+        if OWNER == "K" and runs == 2:
+            await log(ctx, started, note="partial")
+            MARKER.touch()
+            await anyio.sleep(0.8)  # the test SIGKILLs this process here
+        await log(ctx, started, note=OWNER)

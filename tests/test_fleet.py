@@ -1,0 +1,196 @@
+"""G1, G2, G3, G4 and G5 with real replica processes against a real PostgreSQL.
+
+Each replica is ``python -m ticklock run replica_app:scheduler --dsn ...``, stopped with a
+real SIGTERM (and paused with SIGSTOP, killed with SIGKILL where the test says so).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # asyncpg runs on asyncio
+
+
+class Fleet:
+    def __init__(self, dsn: str, schema: str, tmp: Path) -> None:
+        self.dsn, self.schema, self.tmp = dsn, schema, tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, owner: str, scenario: str, shift: float = 0.0) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.update(
+            REPLICA_SCENARIO=scenario,
+            REPLICA_OWNER=owner,
+            REPLICA_SCHEMA=self.schema,
+            REPLICA_MARKER=str(self.tmp / f"{owner}.marker"),
+            REPLICA_SHIFT=str(shift),
+            PYTHONPATH=str(TESTS),
+        )
+        with open(self.tmp / f"{owner}.log", "wb") as out:  # the child keeps its own fd
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ticklock", "run", "replica_app:scheduler"]
+                + ["--dsn", self.dsn],
+                cwd=TESTS,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs[owner] = proc
+        return proc
+
+    def marker(self, owner: str) -> Path:
+        return self.tmp / f"{owner}.marker"
+
+    def output(self, owner: str) -> str:
+        return (self.tmp / f"{owner}.log").read_text()
+
+    def stop(self, owner: str) -> int:
+        proc = self.procs[owner]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=20)
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> Iterator[Fleet]:
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(
+        f"CREATE TABLE {pg_schema}.log (job text, slot timestamptz, owner text, "
+        "started timestamptz, finished timestamptz, previous timestamptz, note text)"
+    )
+    f = Fleet(pg_dsn, pg_schema, tmp_path)
+    try:
+        yield f  # type: ignore[misc]
+    finally:
+        f.kill_all()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await anyio.sleep(0.05)
+
+
+async def test_three_replicas_commit_each_slot_once_without_overlap(
+    fleet: Fleet, pg_conn: Any
+) -> None:
+    # shift the wall clock so that a cron minute boundary falls inside the run
+    now = datetime.now(timezone.utc)
+    boundary = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    shift = (boundary - now).total_seconds() - 3.0  # replicas' wall clock: 3 s before a minute
+    for owner in ("r1", "r2", "r3"):
+        fleet.spawn(owner, "fleet", shift=shift)
+    await anyio.sleep(7)
+    for owner in ("r1", "r2", "r3"):
+        assert fleet.stop(owner) == 0, fleet.output(owner)
+    s = fleet.schema
+    rows = await pg_conn.fetch(f"SELECT * FROM {s}.log ORDER BY job, started")
+    by_job: dict[str, list[Any]] = {}
+    for row in rows:
+        by_job.setdefault(row["job"], []).append(row)
+    assert len(by_job["fast"]) >= 10 and len(by_job["slow"]) >= 5
+    assert len(by_job["minute"]) == 1, by_job.get("minute")  # three replicas, one cron fire
+    for job, interval in (("fast", 0.2), ("slow", 0.5), ("minute", None)):
+        job_rows = by_job[job]
+        slots = [r["slot"] for r in job_rows]
+        assert len(slots) == len(set(slots)), f"{job}: a slot committed twice"
+        for prev, cur in zip(job_rows, job_rows[1:], strict=False):
+            assert cur["started"] >= prev["finished"], f"{job}: runs overlap"
+            assert cur["slot"] > prev["slot"]
+            assert cur["previous"] == prev["slot"]  # the watermark is the fleet's
+            if interval is not None:
+                gap = (cur["started"] - prev["finished"]).total_seconds()
+                assert gap >= interval - 0.002, f"{job}: fixed delay broken ({gap:.3f} s)"
+    owners = {r["owner"] for r in rows}
+    assert len(owners) >= 2, "expected the fleet to share the work"
+    runs = await pg_conn.fetchval(
+        f"SELECT count(*) FROM {s}.runs WHERE outcome = 'success' AND job_id <> "
+        "'ticklock.retention'"
+    )
+    assert runs == len(rows)
+
+
+async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_conn: Any) -> None:
+    s = fleet.schema
+    a = fleet.spawn("A", "pause")
+    marker = fleet.marker("A")
+
+    async def a_holds() -> bool:
+        return marker.exists()
+
+    await eventually(a_holds, 20, "replica A to hold the lock inside its handler")
+    a.send_signal(signal.SIGSTOP)
+    paused_at = datetime.now(timezone.utc)
+    fleet.spawn("B", "pause")
+
+    async def b_committed() -> bool:
+        return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'B'"))
+
+    await eventually(b_committed, 20, "replica B to run while A is paused")
+    b_first = await pg_conn.fetchval(f"SELECT min(started) FROM {s}.log WHERE note = 'B'")
+    # B could only start once the server had ended A's session (timeout 1.5 + grace 1.0)
+    assert (b_first - paused_at).total_seconds() >= 2.0
+    a.send_signal(signal.SIGCONT)
+    await anyio.sleep(2)  # A wakes up, finds its session gone, fails its late commit
+    assert fleet.stop("A") == 0, fleet.output("A")
+    assert fleet.stop("B") == 0
+    a_rows = await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'A'")
+    assert a_rows == 0, "the paused holder's writes must never appear"
+    a_runs = await pg_conn.fetch(
+        f"SELECT outcome FROM {s}.runs WHERE owner = 'A' AND job_id = 'paused' ORDER BY id"
+    )
+    assert a_runs and a_runs[0]["outcome"] in ("error", "timeout")
+    assert "success" not in [r["outcome"] for r in a_runs[:1]]
+    slots = await pg_conn.fetch(f"SELECT slot FROM {s}.log")
+    assert len(slots) == len({r["slot"] for r in slots})
+
+
+async def test_a_replica_killed_mid_run_leaves_no_partial_write(fleet: Fleet, pg_conn: Any) -> None:
+    s = fleet.schema
+    k = fleet.spawn("K", "crash")
+    marker = fleet.marker("K")
+
+    async def mid_run() -> bool:
+        return marker.exists()
+
+    await eventually(mid_run, 20, "replica K to be inside its second run")
+    k.send_signal(signal.SIGKILL)
+    k.wait()
+    first = await pg_conn.fetch(f"SELECT slot, note FROM {s}.log")
+    assert [r["note"] for r in first] == ["K"], "only the first, committed run is there"
+    fleet.spawn("R", "crash")
+
+    async def recovered() -> bool:
+        return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'R'"))
+
+    await eventually(recovered, 20, "replica R to cover the slot")
+    assert fleet.stop("R") == 0
+    rows = await pg_conn.fetch(f"SELECT slot, previous, note FROM {s}.log ORDER BY slot")
+    assert "partial" not in [r["note"] for r in rows]
+    assert rows[1]["note"] == "R" and rows[1]["previous"] == rows[0]["slot"]
