@@ -1,4 +1,4 @@
-"""The application the replica-process tests run with ``python -m ticklock run replica_app:scheduler``.
+"""The app that replica-process tests run: ``python -m ticklock run replica_app:scheduler``.
 
 Configured by environment variables: ``REPLICA_SCENARIO``, ``REPLICA_OWNER``,
 ``REPLICA_SCHEMA``, ``REPLICA_MARKER`` (a file touched when a handler holds its lock) and
@@ -79,7 +79,7 @@ elif SCENARIO == "pause":
         started = await begin(ctx)
         await log(ctx, started, note=OWNER)
         if OWNER == "A":
-            MARKER.touch()
+            await anyio.Path(MARKER).touch()
             await anyio.sleep(1.2)  # the test SIGSTOPs this process here
 
 elif SCENARIO == "crash":
@@ -91,6 +91,6 @@ elif SCENARIO == "crash":
         started = await begin(ctx)
         if OWNER == "K" and runs == 2:
             await log(ctx, started, note="partial")
-            MARKER.touch()
+            await anyio.Path(MARKER).touch()
             await anyio.sleep(0.8)  # the test SIGKILLs this process here
         await log(ctx, started, note=OWNER)

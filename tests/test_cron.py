@@ -343,9 +343,9 @@ def brute_next(expr: str, zone: ZoneInfo, after: datetime, horizon: timedelta) -
     end = after + horizon
     while u <= end:
         local = u.astimezone(zone)
-        if u > after and spec.matches(local.replace(tzinfo=None)):
-            if wildcard or local.fold == 0:
-                return u
+        matched = u > after and spec.matches(local.replace(tzinfo=None))
+        if matched and (wildcard or local.fold == 0):
+            return u
         # a forward transition between u and u+1min skips wall times: fixed expressions
         # whose skipped wall time matches fire at the instant after the gap
         nxt = u + timedelta(minutes=1)

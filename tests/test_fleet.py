@@ -89,11 +89,11 @@ async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> It
         f.kill_all()
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
         await anyio.sleep(0.05)
 
 
