@@ -10,14 +10,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+
+from helpers import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 TESTS = Path(__file__).parent
@@ -87,14 +88,6 @@ async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> It
         yield f  # type: ignore[misc]
     finally:
         f.kill_all()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        await anyio.sleep(0.05)
 
 
 async def test_three_replicas_commit_each_slot_once_without_overlap(

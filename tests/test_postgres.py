@@ -1,0 +1,342 @@
+"""PostgreSQL coordination in one process against a real server: G2, G4, G6, G7 and §4."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from helpers import at, eventually, run_log
+from pgserver import TempPostgres
+from ticklock import JobContext, Outcome, Scheduler, SystemClock, cron, every, lock_key
+from ticklock._schema import migrate
+from ticklock.testing import ManualClock
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # asyncpg runs on asyncio
+
+
+@pytest.fixture
+async def table(pg_conn: Any, pg_schema: str) -> str:
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
+    return f"{pg_schema}.items"
+
+
+async def count(conn: Any, sql: str, *args: object) -> int:
+    return int(await conn.fetchval(sql, *args))
+
+
+async def test_a_handler_that_writes_then_raises_leaves_nothing_and_is_recorded(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
+
+    @scheduler.job(every(3600), id="crashy")
+    async def crashy(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'x')", ctx.slot)
+        raise RuntimeError("after the write")
+
+    async with scheduler:
+        result = await scheduler.run_now("crashy")
+    assert result.outcome is Outcome.FAILURE
+    assert result.error == "RuntimeError: after the write"
+    assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 0
+    rows = await pg_conn.fetch(
+        f"SELECT outcome, owner, error FROM {pg_schema}.runs WHERE job_id = 'crashy'"
+    )
+    assert [tuple(r) for r in rows].count(("failure", "me", "RuntimeError: after the write")) >= 1
+    state = await pg_conn.fetchrow(
+        f"SELECT last_slot, consecutive_failures, last_outcome FROM {pg_schema}.jobs "
+        "WHERE job_id = 'crashy'"
+    )
+    assert state["last_slot"] is None and state["consecutive_failures"] >= 1
+    assert state["last_outcome"] == "failure"
+
+
+async def test_success_commits_writes_watermark_and_record_together(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
+
+    @scheduler.job(every(3600), id="writer")
+    async def writer(ctx: JobContext) -> dict[str, str]:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'ok')", ctx.slot)
+        timeouts = await ctx.conn.fetchrow(
+            "SELECT current_setting('statement_timeout') AS st, "
+            "current_setting('idle_in_transaction_session_timeout') AS idle, "
+            "current_setting('transaction_timeout', true) AS tx"
+        )
+        return dict(timeouts)
+
+    async with scheduler:
+        result = await scheduler.run_now("writer")
+    assert result.outcome is Outcome.SUCCESS
+    # SET LOCAL from the job's timeout (3600 / 2 capped at 300 s) plus the 1 s server grace
+    assert result.report["st"] == "301s" and result.report["idle"] == "301s"
+    assert result.report["tx"] in ("301s", None)
+    assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 1
+    row = await pg_conn.fetchrow(
+        f"SELECT last_slot, last_success_at FROM {pg_schema}.jobs WHERE job_id = 'writer'"
+    )
+    assert row["last_slot"] == result.slot and row["last_success_at"] == result.finished_at
+    report = await pg_conn.fetchval(
+        f"SELECT report FROM {pg_schema}.runs WHERE job_id = 'writer' AND outcome = 'success'"
+    )
+    assert report is not None and '"st"' in report
+
+
+async def test_set_local_never_leaks_to_the_pooled_connection(pg_dsn: str, pg_schema: str) -> None:
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
+    try:
+        scheduler = Scheduler(pool=pool, schema=pg_schema)
+
+        @scheduler.job(every(60), id="x", timeout=5)
+        async def x(ctx: JobContext) -> None:
+            pass
+
+        async with scheduler:
+            assert (await scheduler.run_now("x")).outcome is Outcome.SUCCESS
+        # the user's pool stays open, and its only connection has the server defaults
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW statement_timeout") == "0"
+            assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
+    finally:
+        await pool.close()
+
+
+async def test_timeout_and_shutdown_roll_back_and_are_recorded(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, shutdown_grace=0.2)
+    started = anyio.Event()
+
+    @scheduler.job(every(3600), id="slow", timeout=0.3)
+    async def slow(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'slow')", ctx.slot)
+        await anyio.sleep(5)
+
+    @scheduler.job(every(3600), id="in-flight", timeout=60)
+    async def in_flight(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'in-flight')", ctx.slot)
+        started.set()
+        await anyio.sleep(30)
+
+    with run_log() as log:
+        async with scheduler:
+            with anyio.fail_after(10):
+                await started.wait()
+
+            async def timed_out() -> bool:
+                return "timeout" in log.outcomes("slow")
+
+            await eventually(timed_out, 10, "the slow run to time out")
+        # leaving the block cancelled "in-flight" after the 0.2 s grace
+    assert "cancelled" in log.outcomes("in-flight")
+    assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 0
+    outcomes = {
+        r["job_id"]: r["outcome"]
+        for r in await pg_conn.fetch(f"SELECT job_id, outcome FROM {pg_schema}.runs")
+    }
+    assert outcomes["in-flight"] == "cancelled" and outcomes["slow"] == "timeout"
+    # no connection, transaction or lock left behind
+    leftovers = await count(
+        pg_conn,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+    )
+    assert leftovers == 0
+    assert await count(pg_conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+
+
+async def test_catch_up_covers_a_window_missed_by_the_whole_fleet(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def build(clock: ManualClock, catch_up: bool) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
+
+        @scheduler.job(cron("0 * * * *"), id="hourly", catch_up=catch_up)
+        async def hourly(ctx: JobContext) -> None:
+            prev = ctx.previous_success
+            seen.append((ctx.slot.strftime("%H:%M"), prev.strftime("%H:%M") if prev else None))
+
+        return scheduler
+
+    async def ran(n: int) -> bool:
+        return len(seen) >= n
+
+    clock = ManualClock(at("2030-01-01T00:59:00Z"))
+    async with build(clock, True):
+        await clock.advance(60)
+        await eventually(lambda: ran(1), 10, "the 01:00 run")
+    # every replica is down across 02:00 and 03:00; one starts at 03:30
+    async with build(ManualClock(at("2030-01-01T03:30:00Z")), True):
+        await eventually(lambda: ran(2), 10, "the catch-up run")
+    assert seen == [("01:00", None), ("03:00", "01:00")]
+    # with catch_up=False the missed 04:00 and 05:00 are skipped: nothing runs at 05:30
+    async with build(ManualClock(at("2030-01-01T05:30:00Z")), False):
+        await anyio.sleep(0.5)
+    assert len(seen) == 2
+    watermark = await pg_conn.fetchval(
+        f"SELECT last_slot FROM {pg_schema}.jobs WHERE job_id = 'hourly'"
+    )
+    assert watermark == at("2030-01-01T03:00:00Z")
+
+
+async def test_two_schedulers_locked_and_skipped(pg_dsn: str, pg_schema: str) -> None:
+    gate = anyio.Event()
+    entered = anyio.Event()
+
+    def build(owner: str) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, owner=owner)
+
+        @scheduler.job(every(3600), id="shared")
+        async def shared(ctx: JobContext) -> None:
+            entered.set()
+            await gate.wait()
+
+        return scheduler
+
+    a, b = build("a"), build("b")
+    async with a, b:
+        await eventually(lambda: _is_set(entered), 10, "a run to hold the lock")
+        locked = await b.run_now("shared")
+        assert locked.outcome is Outcome.LOCKED
+        gate.set()
+    # both replicas woke for the first slot: one ran it, the other skipped or was locked
+    async with build("c") as c:
+        (h,) = [h for h in c.health() if h.job_id == "shared"]
+        assert h.last_success is not None
+
+
+async def _is_set(event: anyio.Event) -> bool:
+    return event.is_set()
+
+
+async def test_a_database_outage_gives_error_and_ticks_resume_by_themselves() -> None:
+    server = TempPostgres()
+    server.start()
+    try:
+        scheduler = Scheduler(server.dsn)
+        results: list[str] = []
+
+        @scheduler.job(every(0.2), id="beat", timeout=0.15)
+        async def beat(ctx: JobContext) -> None:
+            assert ctx.conn is not None
+            await ctx.conn.execute("SELECT 1")
+
+        with run_log() as log:
+            async with scheduler:
+
+                async def successes(n: int) -> bool:
+                    return log.outcomes("beat").count("success") >= n
+
+                await eventually(lambda: successes(2), 10, "runs before the outage")
+                await anyio.to_thread.run_sync(server.stop, "immediate")
+
+                async def errors() -> bool:
+                    return "error" in log.outcomes("beat")
+
+                await eventually(errors, 10, "ticks failing with outcome error")
+                before = log.outcomes("beat").count("success")
+                await anyio.to_thread.run_sync(server.start)
+                await eventually(lambda: successes(before + 2), 20, "ticks to resume")
+            results = log.outcomes("beat")
+        assert "error" in results and results[-1] == "success"
+    finally:
+        server.cleanup()
+
+
+async def test_migrations_are_idempotent_and_safe_concurrently(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    conns = [await asyncpg.connect(pg_dsn) for _ in range(4)]
+    try:
+        async with anyio.create_task_group() as tg:
+            for conn in conns:
+                tg.start_soon(migrate, conn, pg_schema)
+        await migrate(conns[0], pg_schema)
+    finally:
+        for conn in conns:
+            await conn.close()
+    tables = await pg_conn.fetch(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = $1 "
+        "ORDER BY table_name",
+        pg_schema,
+    )
+    assert [t["table_name"] for t in tables] == ["jobs", "runs", "schema_version"]
+    assert await count(pg_conn, f"SELECT count(*) FROM {pg_schema}.schema_version") == 1
+
+
+async def test_retention_is_a_listed_job_that_prunes_old_runs(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, retention=timedelta(days=1))
+    assert "ticklock.retention" in scheduler.jobs
+    async with scheduler:
+        await pg_conn.execute(
+            f"INSERT INTO {pg_schema}.runs (namespace, job_id, slot, started_at, finished_at, "
+            "outcome, owner) VALUES ('default', 'old', now() - interval '3 days', "
+            "now() - interval '3 days', now() - interval '3 days', 'success', 'x'), "
+            "('default', 'new', now(), now(), now(), 'success', 'x')"
+        )
+        result = await scheduler.run_now("ticklock.retention")
+    assert result.outcome is Outcome.SUCCESS and result.report == {"deleted": 1}
+    jobs = [r["job_id"] for r in await pg_conn.fetch(f"SELECT job_id FROM {pg_schema}.runs")]
+    assert "old" not in jobs and "new" in jobs
+
+
+async def test_a_skewed_replica_clock_logs_a_warning(
+    pg_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Ahead(SystemClock):
+        def now(self):  # type: ignore[no-untyped-def]
+            return super().now() + timedelta(seconds=5)
+
+    caplog.set_level(logging.WARNING, logger="ticklock")
+    async with Scheduler(pg_dsn, schema=pg_schema, clock=Ahead()):
+        pass
+    assert any("clock differs from the database's by 5.0 s" in r.message for r in caplog.records)
+
+
+def test_lock_key_is_stable() -> None:
+    # pinned values: replicas of different releases must agree during a rolling deploy
+    assert lock_key("default", "purge-expired") == lock_key("default", "purge-expired")
+    assert lock_key("default", "a") != lock_key("other", "a")
+    assert lock_key("default", "purge-expired") == -5080253436944125446
+    assert -(2**63) <= lock_key("x", "y") < 2**63
+
+
+async def test_namespaces_separate_applications(pg_dsn: str, pg_schema: str) -> None:
+    ran: list[str] = []
+
+    def build(namespace: str) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, namespace=namespace)
+
+        @scheduler.job(every(3600), id="same-id")
+        async def job(ctx: JobContext) -> None:
+            ran.append(namespace)
+
+        return scheduler
+
+    async with build("app-a"), build("app-b"):
+        await eventually(lambda: _has(ran, 2), 10, "both namespaces to run")
+    assert sorted(ran) == ["app-a", "app-b"]
+
+
+async def _has(items: list[str], n: int) -> bool:
+    return len(items) >= n
