@@ -1,0 +1,76 @@
+"""The clocks: ManualClock never goes backwards; the system clock survives wall-clock steps."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import anyio
+import pytest
+import time_machine
+
+from ticklock import JobContext, Scheduler, cron
+from ticklock.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_manual_clock_moves_only_forward_and_wakes_sleepers_in_order() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    woke: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, deadline: float) -> None:
+        await clock.sleep_until(deadline)
+        woke.append((name, clock.monotonic()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sleeper, "b", 7.5)
+        tg.start_soon(sleeper, "a", 2)
+        await clock.advance(10)
+    assert woke == [("a", 2), ("b", 7.5)]
+    assert clock.now() == datetime(2026, 1, 1, 0, 0, 10, tzinfo=timezone.utc)
+    with pytest.raises(ValueError, match="seconds must be non-negative"):
+        await clock.advance(-1)
+    with pytest.raises(ValueError, match="start must be an aware datetime"):
+        ManualClock(datetime(2026, 1, 1))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _first_fire(step: float, start: datetime) -> tuple[datetime, datetime, float]:
+    """Run a minutely cron job on the system clock; step the wall clock by ``step`` at once."""
+    fired = anyio.Event()
+    seen: dict[str, object] = {}
+    scheduler = Scheduler()
+
+    @scheduler.job(cron("* * * * *"), id="minutely")
+    async def minutely(ctx: JobContext) -> None:
+        seen["slot"], seen["wall"] = ctx.slot, datetime.now(timezone.utc)
+        fired.set()
+
+    with time_machine.travel(start, tick=True) as traveller:
+        async with scheduler:
+            await anyio.sleep(0.2)
+            t0 = anyio.current_time()
+            traveller.shift(timedelta(seconds=step))
+            with anyio.fail_after(15):
+                await fired.wait()
+            waited = anyio.current_time() - t0
+    return seen["slot"], seen["wall"], waited  # type: ignore[return-value]
+
+
+async def test_a_backward_wall_step_never_fires_a_cron_job_early() -> None:
+    start = datetime(2026, 1, 1, 12, 0, 57, tzinfo=timezone.utc)
+    slot, wall, waited = await _first_fire(-2.0, start)
+    assert slot == datetime(2026, 1, 1, 12, 1, tzinfo=timezone.utc)
+    assert wall >= slot  # the monotonic deadline came 2 s before the wall instant: it waited
+    assert waited >= 4.0
+
+
+async def test_a_forward_wall_step_is_noticed_within_five_seconds() -> None:
+    start = datetime(2026, 1, 1, 12, 0, 2, tzinfo=timezone.utc)
+    slot, wall, waited = await _first_fire(60.0, start)  # 12:01:02: the 12:01 fire is due
+    assert slot == datetime(2026, 1, 1, 12, 1, tzinfo=timezone.utc)
+    assert waited <= 5.5  # not the 58 s the monotonic deadline said

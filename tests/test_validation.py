@@ -1,0 +1,215 @@
+"""Every misdeclaration is refused when it is written, naming the field and the job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from ticklock import JobContext, ScheduleError, Scheduler, cron, every
+
+
+async def handler(ctx: JobContext) -> None:
+    pass
+
+
+def sync_handler(ctx: JobContext) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("make", "message", "field"),
+    [
+        pytest.param(
+            lambda: every(0),
+            r"^every\(\): interval must be positive and finite, got 0 s$",
+            "interval",
+            id="zero_interval",
+        ),
+        pytest.param(
+            lambda: every(-5),
+            r"^every\(\): interval must be positive",
+            "interval",
+            id="negative_interval",
+        ),
+        pytest.param(
+            lambda: every(), r"^every\(\): interval must be positive", "interval", id="no_interval"
+        ),
+        pytest.param(
+            lambda: every(float("nan")),
+            r"^every\(\): interval must be positive",
+            "interval",
+            id="nan_interval",
+        ),
+        pytest.param(
+            lambda: every("5"),
+            r"^every\(\): interval must be seconds \(a number\) or a "
+            r"timedelta, got '5'$",
+            "interval",
+            id="string_interval",
+        ),
+        pytest.param(
+            lambda: every(10, seconds=5),
+            r"^every\(\): give the interval either",
+            "interval",
+            id="both_forms",
+        ),
+        pytest.param(
+            lambda: every(10, jitter=10),
+            r"^every\(\): jitter \(10 s\) must be smaller "
+            r"than the interval \(10 s\)$",
+            "jitter",
+            id="jitter_not_smaller",
+        ),
+        pytest.param(
+            lambda: every(10, jitter=-1),
+            r"^every\(\): jitter must be non-negative",
+            "jitter",
+            id="negative_jitter",
+        ),
+        pytest.param(
+            lambda: every(10, initial_delay=-1),
+            r"^every\(\): initial_delay must be non-negative",
+            "initial_delay",
+            id="negative_initial_delay",
+        ),
+        pytest.param(
+            lambda: cron("* * * * *", jitter=timedelta(minutes=2)),
+            r"^cron\(\): jitter \(120 s\) must be smaller than the shortest gap",
+            "jitter",
+            id="cron_jitter",
+        ),
+        pytest.param(
+            lambda: cron("* * * * *", tz=""),
+            r"^cron\(\): tz must be an IANA zone name",
+            "tz",
+            id="empty_zone",
+        ),
+    ],
+)
+def test_trigger_errors(make: object, message: str, field: str) -> None:
+    with pytest.raises(ScheduleError, match=message) as info:
+        make()  # type: ignore[operator]
+    assert info.value.field == field
+    assert isinstance(info.value, ValueError)
+
+
+def test_durations_accept_timedelta() -> None:
+    assert every(timedelta(minutes=15)).interval == 900
+    assert every(hours=1, minutes=30).interval == 5400
+    assert every(10, jitter=timedelta(seconds=2)).jitter == 2
+
+
+JOB_CASES = [
+    pytest.param(
+        {"timeout": 10},
+        every(10),
+        r"^job 'x': timeout \(10 s\) must be shorter than the interval \(10 s\)$",
+        "timeout",
+        id="timeout_not_shorter",
+    ),
+    pytest.param(
+        {"timeout": 60},
+        cron("*/1 * * * *"),
+        r"^job 'x': timeout \(60 s\) must be shorter than the shortest gap between "
+        r"fires \(60 s\)$",
+        "timeout",
+        id="cron_timeout",
+    ),
+    pytest.param(
+        {"timeout": 0},
+        every(10),
+        r"^job 'x': timeout must be positive and finite",
+        "timeout",
+        id="zero_timeout",
+    ),
+    pytest.param(
+        {"overdue_grace": -1},
+        every(10),
+        r"^job 'x': overdue_grace must be non-negative",
+        "overdue_grace",
+        id="negative_grace",
+    ),
+    pytest.param(
+        {"enabled": "yes"},
+        every(10),
+        r"^job 'x': enabled must be True or False",
+        "enabled",
+        id="enabled_not_bool",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "trigger", "message", "field"), JOB_CASES)
+def test_job_errors_name_the_job_and_the_field(
+    kwargs: dict[str, object], trigger: object, message: str, field: str
+) -> None:
+    scheduler = Scheduler()
+    with pytest.raises(ScheduleError, match=message) as info:
+        scheduler.add(handler, trigger, id="x", **kwargs)  # type: ignore[arg-type]
+    assert info.value.job_id == "x" and info.value.field == field
+    assert "x" not in scheduler.jobs  # nothing half-declared
+
+
+def test_sync_handler_is_refused_with_the_thread_recipe() -> None:
+    scheduler = Scheduler()
+    with pytest.raises(ScheduleError) as info:
+        scheduler.add(sync_handler, every(10), id="sync")  # type: ignore[arg-type]
+    text = str(info.value)
+    assert text.startswith("job 'sync': handler sync_handler is not an async function")
+    assert "anyio.to_thread.run_sync" in text
+    assert info.value.field == "func"
+
+
+def test_async_callable_objects_are_accepted() -> None:
+    class Handler:
+        async def __call__(self, ctx: JobContext) -> None:
+            pass
+
+    assert Scheduler().add(Handler(), every(10), id="obj").id == "obj"
+
+
+def test_duplicate_id() -> None:
+    scheduler = Scheduler()
+    scheduler.add(handler, every(10), id="dup")
+    with pytest.raises(ScheduleError, match=r"^job 'dup': a job with this id is already declared"):
+        scheduler.add(handler, every(20), id="dup")
+    assert scheduler.jobs["dup"].trigger == every(10)  # the first declaration is untouched
+
+
+def test_default_id_is_module_and_qualname() -> None:
+    scheduler = Scheduler()
+
+    @scheduler.job(every(10))
+    async def tidy(ctx: JobContext) -> None:
+        pass
+
+    (job_id,) = scheduler.jobs
+    assert job_id == f"{__name__}.test_default_id_is_module_and_qualname.<locals>.tidy"
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 201, 5])
+def test_ids_and_namespaces_must_be_short_strings(bad: object) -> None:
+    with pytest.raises(ScheduleError, match=r"^job .*id must be a non-empty string|^id must"):
+        Scheduler().add(handler, every(10), id=bad)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match=r"^namespace must be a non-empty string of at most"):
+        Scheduler(namespace=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("schema", ["", "drop table x;", "a-b", '"x"', "1abc", "a" * 64, "ä"])
+def test_schema_must_be_a_plain_identifier(schema: str) -> None:
+    with pytest.raises(ScheduleError, match=r"^schema must be a plain SQL identifier"):
+        Scheduler(schema=schema)
+
+
+def test_default_timeout_is_half_the_period_capped_at_five_minutes() -> None:
+    scheduler = Scheduler()
+    assert scheduler.add(handler, every(60), id="a").timeout == 30
+    assert scheduler.add(handler, every(hours=1), id="b").timeout == 300
+    assert scheduler.add(handler, cron("*/10 * * * *"), id="c").timeout == 300
+    assert scheduler.add(handler, cron("0,1 * * * *"), id="d").timeout == 30
+
+
+def test_dsn_and_pool_are_exclusive() -> None:
+    with pytest.raises(ScheduleError, match="^give either dsn or pool, not both$"):
+        Scheduler("postgresql://x", pool=object())  # type: ignore[arg-type]
