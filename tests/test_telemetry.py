@@ -1,0 +1,198 @@
+"""Spans, metrics and log lines, read back through the OpenTelemetry SDK's in-memory exporters."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from helpers import at, eventually
+from ticklock import JobContext, Outcome, Scheduler, every
+from ticklock.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+T0 = at("2026-05-01T00:00Z")
+
+
+@dataclass
+class Otel:
+    spans: InMemorySpanExporter
+    reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+
+    def finished(self, job_id: str) -> list[ReadableSpan]:
+        return [s for s in self.spans.get_finished_spans() if s.name == f"ticklock.run {job_id}"]
+
+    def points(self, name: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            if sm.scope.name == "ticklock"
+            for metric in sm.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+    def runs(self, job_id: str, outcome: str) -> int:
+        return sum(
+            p.value
+            for p in self.points("ticklock.runs")
+            if p.attributes == {"ticklock.job.id": job_id, "ticklock.run.outcome": outcome}
+        )
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    yield Otel(spans, reader, tracer_provider, meter_provider)
+    meter_provider.shutdown()
+    tracer_provider.shutdown()
+
+
+async def test_spans_metrics_and_logs_for_success_failure_and_timeout(
+    otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(
+        clock=clock,
+        owner="replica-1",
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+    )
+    inner = otel.tracer_provider.get_tracer("app")
+
+    @scheduler.job(every(60), id="ok")
+    async def ok(ctx: JobContext) -> dict[str, int]:
+        with inner.start_as_current_span("app.work"):
+            await clock.sleep_until(clock.monotonic() + 2)
+        return {"n": 3}
+
+    @scheduler.job(every(60), id="bad")
+    async def bad(ctx: JobContext) -> None:
+        raise ValueError("nope")
+
+    @scheduler.job(every(60), id="slow", timeout=5)
+    async def slow(ctx: JobContext) -> None:
+        await anyio.sleep_forever()
+
+    caplog.set_level(logging.DEBUG, logger="ticklock")
+    async with scheduler:
+        await clock.advance(71)  # ok: 0-2, 62-64; bad: 0, 60; slow: 0-5, 65-70
+
+    (first_ok, _) = otel.finished("ok")
+    attrs = dict(first_ok.attributes or {})
+    assert attrs["ticklock.job.id"] == "ok"
+    assert attrs["ticklock.run.outcome"] == "success"
+    assert attrs["ticklock.run.slot"] == T0.isoformat()
+    assert attrs["ticklock.run.owner"] == "replica-1"
+    assert attrs["ticklock.run.jitter"] == 0.0 and attrs["ticklock.run.lateness"] == 0.0
+    assert first_ok.status.status_code is StatusCode.UNSET
+    (child,) = [s for s in otel.spans.get_finished_spans() if s.name == "app.work"][:1]
+    assert child.parent is not None and child.parent.span_id == first_ok.context.span_id
+
+    failed = otel.finished("bad")[0]
+    assert failed.attributes["ticklock.run.outcome"] == "failure"  # type: ignore[index]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.status.description == "ValueError: nope"
+    assert [e.name for e in failed.events] == ["exception"]
+
+    timed_out = otel.finished("slow")[0]
+    assert timed_out.attributes["ticklock.run.outcome"] == "timeout"  # type: ignore[index]
+    assert timed_out.status.status_code is StatusCode.ERROR
+
+    assert otel.runs("ok", "success") == 2
+    assert otel.runs("bad", "failure") == 2
+    assert otel.runs("slow", "timeout") == 2
+    durations = {
+        p.attributes["ticklock.job.id"]: p
+        for p in otel.points("ticklock.run.duration")
+        if p.attributes["ticklock.run.outcome"] in ("success", "timeout")
+    }
+    assert durations["ok"].count == 2 and durations["ok"].sum == pytest.approx(4.0)
+    assert durations["slow"].sum == pytest.approx(10.0)
+    lateness = {p.attributes["ticklock.job.id"]: p for p in otel.points("ticklock.run.lateness")}
+    assert lateness["ok"].count == 2 and lateness["ok"].sum == 0
+    gauge = {
+        p.attributes["ticklock.job.id"]: p.value for p in otel.points("ticklock.job.last_success")
+    }
+    # the second success of "ok" started at 62 s (60 s after the first ended) and took 2 s
+    assert gauge == {"ok": (T0.timestamp() + 64)}
+
+    lines = [r for r in caplog.records if getattr(r, "job_id", None) == "ok"]
+    assert lines[0].levelno == logging.INFO
+    assert (
+        lines[0].getMessage().startswith(f"ticklock run ok slot={T0.isoformat()} outcome=success")
+    )
+    assert lines[0].report == {"n": 3}  # type: ignore[attr-defined]
+    bad_lines = [r for r in caplog.records if getattr(r, "job_id", None) == "bad"]
+    assert bad_lines[0].levelno == logging.ERROR and bad_lines[0].exc_info is not None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_locked_and_skipped_attempts_are_spans_and_counts(
+    otel: Otel, pg_dsn: str, pg_schema: str
+) -> None:
+    gate, entered = anyio.Event(), anyio.Event()
+
+    def build(owner: str) -> Scheduler:
+        scheduler = Scheduler(
+            pg_dsn,
+            schema=pg_schema,
+            owner=owner,
+            tracer_provider=otel.tracer_provider,
+            meter_provider=otel.meter_provider,
+        )
+
+        @scheduler.job(every(3600), id="shared")
+        async def shared(ctx: JobContext) -> None:
+            entered.set()
+            await gate.wait()
+
+        return scheduler
+
+    a, b = build("a"), build("b")
+    async with a:
+
+        async def holding() -> bool:
+            return entered.is_set()
+
+        await eventually(holding, 10, "a run to hold the lock")
+        async with b:
+            result = await b.run_now("shared")
+            assert result.outcome is Outcome.LOCKED
+            gate.set()
+
+            async def settled() -> bool:
+                return otel.runs("shared", "success") == 1 and (
+                    otel.runs("shared", "skipped") + otel.runs("shared", "locked") >= 2
+                )
+
+            await eventually(settled, 10, "b's own tick to be locked or skipped")
+        gauge = [p.value for p in otel.points("ticklock.job.last_success")]
+        assert gauge and all(v > 0 for v in gauge)
+    locked = [
+        s
+        for s in otel.finished("shared")
+        if s.attributes["ticklock.run.outcome"] == "locked"  # type: ignore[index]
+    ]
+    assert locked and locked[0].attributes["ticklock.run.owner"] == "b"  # type: ignore[index]
+    assert locked[0].status.status_code is StatusCode.UNSET
