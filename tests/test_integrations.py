@@ -280,11 +280,12 @@ def test_watermark_example_counts_each_window_once(pg_dsn: str) -> None:
             import watermark
 
             async def run_now() -> Any:  # the scheduled tick at start may hold the lock
-                while (result := await watermark.scheduler.run_now("usage-totals")).outcome == (
-                    "locked"
-                ):
+                for _ in range(200):
+                    result = await watermark.scheduler.run_now("usage-totals")
+                    if result.outcome != "locked":
+                        return result
                     await asyncio.sleep(0.05)
-                return result
+                raise AssertionError("the job stayed locked")
 
             async with watermark.scheduler:
                 first = await run_now()
