@@ -338,3 +338,26 @@ async def test_context_fields() -> None:
 
     assert first.idempotency_key == idempotency_key("app", "work", T0)
     assert idempotency_key("other", "work", T0) != first.idempotency_key
+
+
+async def test_a_handler_that_blocks_the_event_loop_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import time
+
+    scheduler = Scheduler()  # the real clock: blocking is about real time
+    beats: list[float] = []
+
+    @scheduler.job(every(0.1), id="beat")
+    async def beat(ctx: JobContext) -> None:
+        beats.append((ctx.started_at - ctx.slot).total_seconds())
+
+    @scheduler.job(every(60, initial_delay=0.3), id="blocker")
+    async def blocker(ctx: JobContext) -> None:
+        time.sleep(1.3)  # noqa: ASYNC251 - the mistake this test is about
+
+    async with scheduler:
+        await anyio.sleep(2.0)
+    warnings = [r.getMessage() for r in caplog.records if "event loop was blocked" in r.message]
+    assert warnings and "anyio.to_thread.run_sync" in warnings[0]
+    assert max(beats) > 1.0  # the lateness of the other job shows it too

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import random as _random
 from collections.abc import Callable
@@ -28,6 +29,10 @@ WALL_WATCH = 5.0
 """Seconds between wall-clock checks while any cron job is scheduled (the G8 bound)."""
 STEP_TOLERANCE = 0.1
 """A change of the wall-minus-monotonic offset larger than this re-plans cron deadlines."""
+BLOCKED_WARNING = 1.0
+"""Waking this many seconds past a deadline means the event loop was blocked: warn."""
+
+logger = logging.getLogger("ticklock")
 
 
 class Entry:
@@ -138,6 +143,13 @@ class Dispatcher:
                 await clock.sleep_until(until)
             self._wake = None
             self._sleeping_until = math.inf
+            if not scope.cancel_called and (late := clock.monotonic() - until) > BLOCKED_WARNING:
+                logger.warning(
+                    "ticklock: the event loop was blocked for %.1f s, so jobs start late: some "
+                    "code (a handler?) runs synchronous work on the event loop; run it in a "
+                    "worker thread with 'await anyio.to_thread.run_sync(...)'",
+                    late,
+                )
 
     def _watch_wall(self, now: datetime, now_m: float) -> None:
         offset = now.timestamp() - now_m
