@@ -1,0 +1,30 @@
+"""The documentation's code stays true: its examples run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def python_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
+
+
+def test_the_testing_page_example_passes() -> None:
+    namespace: dict[str, Any] = {"__name__": "docs_testing_example"}
+    exec(python_blocks("testing.md")[0], namespace)
+    anyio.run(namespace["test_nightly_runs_at_0317_berlin_time"])
+
+
+def test_the_getting_started_jobs_module_declares_cleanly() -> None:
+    namespace: dict[str, Any] = {"__name__": "docs_index_example"}
+    exec(python_blocks("index.md")[0], namespace)
+    assert list(namespace["scheduler"].jobs) in (
+        ["purge-expired"],
+        ["purge-expired", "ticklock.retention"],
+    )
