@@ -1,0 +1,126 @@
+"""Through a real PgBouncer in transaction-pooling mode: the transaction-level lock still holds.
+
+Runs when the ``pgbouncer`` binary is installed (``.ci/run`` installs Debian's package).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import asyncpg
+import pytest
+
+from helpers import eventually
+from ticklock import JobContext, Outcome, Scheduler, every
+
+PGBOUNCER = shutil.which("pgbouncer") or (
+    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+)
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.postgres,
+    pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed"),
+]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
+    target = urlsplit(pg_dsn)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ini = tmp_path / "pgbouncer.ini"
+    ini.write_text(
+        "[databases]\n"
+        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
+        f"user={target.username}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        "auth_type = any\npool_mode = transaction\n"
+        "max_client_conn = 100\ndefault_pool_size = 10\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+    )
+    argv = [str(PGBOUNCER), str(ini)]
+    if os.geteuid() == 0:  # pgbouncer refuses to run as root (it logs to stderr here)
+        argv[1:1] = ["-u", "embedded_postgres"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"pgbouncer did not start: {proc.communicate()[0]!r}")
+            time.sleep(0.05)
+    try:
+        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+
+
+async def test_two_replicas_through_pgbouncer_transaction_pooling(
+    bouncer: str, pg_dsn: str, pg_schema: str
+) -> None:
+    direct = await asyncpg.connect(pg_dsn)
+    await direct.execute(f"CREATE SCHEMA {pg_schema}")
+    await direct.execute(f"CREATE TABLE {pg_schema}.log (slot timestamptz, owner text)")
+    pools = [
+        await asyncpg.create_pool(bouncer, statement_cache_size=0, min_size=1, max_size=4)
+        for _ in range(2)
+    ]
+    gate, holding = anyio.Event(), anyio.Event()
+
+    def build(owner: str, pool: Any) -> Scheduler:
+        scheduler = Scheduler(pool=pool, schema=pg_schema, owner=owner)
+
+        @scheduler.job(every(0.2), id="beat")
+        async def beat(ctx: JobContext) -> None:
+            assert ctx.conn is not None
+            await ctx.conn.execute(
+                f"INSERT INTO {pg_schema}.log VALUES ($1, $2)", ctx.slot, ctx.owner
+            )
+
+        @scheduler.job(every(3600), id="hold")
+        async def hold(ctx: JobContext) -> None:
+            holding.set()
+            await gate.wait()
+
+        return scheduler
+
+    try:
+        a, b = build("a", pools[0]), build("b", pools[1])
+        async with a, b:
+
+            async def held() -> bool:
+                return holding.is_set()
+
+            await eventually(held, 10, "a run to hold the lock through pgbouncer")
+            assert (await a.run_now("hold")).outcome is Outcome.LOCKED
+            assert (await b.run_now("hold")).outcome is Outcome.LOCKED
+            gate.set()
+            await anyio.sleep(2)
+        rows = await direct.fetch(f"SELECT slot, owner FROM {pg_schema}.log")
+        assert len(rows) >= 5
+        assert len(rows) == len({r["slot"] for r in rows}), "a slot committed twice"
+    finally:
+        for pool in pools:
+            await pool.close()
+        await direct.close()
