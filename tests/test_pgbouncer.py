@@ -67,7 +67,9 @@ def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise AssertionError(f"pgbouncer did not start: {proc.communicate()[0]!r}")
+                raise AssertionError(
+                    f"pgbouncer did not start: {proc.communicate()[0]!r}"
+                ) from None
             time.sleep(0.05)
     try:
         yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
