@@ -9,6 +9,7 @@ The scheduler asks its clock, never ``datetime.now()`` inline, so tests inject
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
@@ -44,14 +45,19 @@ class SystemClock:
         return datetime.now(timezone.utc)
 
     def monotonic(self) -> float:
-        """The event loop's clock (``anyio.current_time()``)."""
-        return anyio.current_time()
+        """``time.monotonic()``: it never steps (a VM suspend pauses it)."""
+        return time.monotonic()
 
     async def sleep_until(self, deadline: float) -> None:
-        """Sleep on the event loop's clock until ``deadline``."""
+        """Sleep until ``time.monotonic()`` reaches ``deadline``."""
         if math.isinf(deadline):
             await anyio.sleep_forever()
-        await anyio.sleep_until(deadline)
+        await anyio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def native_deadline_scope(deadline: float) -> anyio.CancelScope:
+    """A cancel scope for a ``SystemClock.monotonic()`` deadline, on the event loop's clock."""
+    return anyio.CancelScope(deadline=anyio.current_time() + (deadline - time.monotonic()))
 
 
 @asynccontextmanager
@@ -62,7 +68,7 @@ async def deadline_scope(clock: Clock, deadline: float) -> AsyncIterator[anyio.C
     watcher task sleeps on that clock, so virtual time drives timeouts too.
     """
     if type(clock) is SystemClock:
-        with anyio.CancelScope(deadline=deadline) as scope:
+        with native_deadline_scope(deadline) as scope:
             yield scope
         return
     async with anyio.create_task_group() as tg:

@@ -6,7 +6,7 @@ process (local mode). ``ticklock._postgres.PostgresCoordinator`` keeps it in Pos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +26,12 @@ class FleetState:
     """When the last run that executed (any outcome) ended: fixed delay counts from here."""
     last_success_at: datetime | None = None
     consecutive_failures: int = 0
+
+    def copy(self) -> FleetState:
+        """A copy of this state."""
+        return FleetState(
+            self.last_slot, self.last_end, self.last_success_at, self.consecutive_failures
+        )
 
     def committed(self, result: RunResult) -> None:
         """Fold a successful run into the state."""
@@ -96,7 +102,7 @@ class _LocalAttempt:
         self.acquired = acquired
         self.conn: asyncpg.Connection[Any] | None = None
         state = coordinator.states.get(job_id)
-        self.state = FleetState() if state is None else replace(state)
+        self.state = FleetState() if state is None else state.copy()
 
     async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
         self._coordinator.states.setdefault(self._job_id, FleetState()).committed(result)
@@ -122,7 +128,7 @@ class LocalCoordinator:
 
     async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
         """A copy of the in-process state."""
-        return {job_id: replace(s) for job_id, s in self.states.items()}
+        return {job_id: s.copy() for job_id, s in self.states.items()}
 
     async def attempt(self, job_id: str, budget: float) -> Attempt:
         """Take the job's in-process lock if it is free."""

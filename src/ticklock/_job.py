@@ -53,10 +53,14 @@ class JobContext:
     deadline: datetime
     """When the run's timeout expires (wall time, UTC)."""
     owner: str
-    idempotency_key: str
-    """Stable for one job's slot (namespace, job id, slot): use it for side effects outside
-    the database, e.g. as an HTTP ``Idempotency-Key``."""
     conn: asyncpg.Connection[Any] | None
+    namespace: str = "default"
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable for one job's slot (namespace, job id, slot): use it for side effects
+        outside the database, e.g. as an HTTP ``Idempotency-Key``."""
+        return idempotency_key(self.namespace, self.job_id, self.slot)
 
 
 Handler = Callable[[JobContext], Awaitable[Any]]

@@ -37,9 +37,16 @@ SERVER_GRACE = 1.0
 timeout normally fires first and the server's is the backstop for a paused process."""
 SKEW_WARNING = 1.0
 """A replica clock further than this from the database's logs a WARNING at start."""
+CLEANUP_SECONDS = 5.0
+"""How long cleanup (commit, rollback, release, failure record) may take, shielded."""
 _LOCK_HELD = "55P03"
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
+
+
+def _shielded() -> anyio.CancelScope:
+    """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
+    return anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS)
 
 
 class SlotAlreadyCommitted(RuntimeError):
@@ -67,9 +74,15 @@ class _PgAttempt:
         self.state = state
 
     async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
+        report = None if result.report is None else json.dumps(result.report)
+        with _shielded():
+            await self._write(result, report, overdue_at)
+
+    async def _write(
+        self, result: RunResult, report: str | None, overdue_at: datetime | None
+    ) -> None:
         assert self.conn is not None
         c = self._coordinator
-        report = None if result.report is None else json.dumps(result.report)
         written = await self.conn.fetchval(
             c.sql_commit,
             c.namespace,
@@ -90,13 +103,14 @@ class _PgAttempt:
         conn, self._proxy, self.conn = self._proxy, None, None
         if conn is None:
             return
-        try:
-            if self._open and not conn.is_closed():
-                await conn.execute("ROLLBACK")
-        except Exception:
-            conn.terminate()
-        finally:
-            await self._coordinator.pool.release(conn)
+        with _shielded():
+            try:
+                if self._open and not conn.is_closed():
+                    await conn.execute("ROLLBACK")
+            except Exception:
+                conn.terminate()
+            finally:
+                await self._coordinator.pool.release(conn)
 
 
 class PostgresCoordinator:
@@ -250,12 +264,15 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
                 attempt.state = FleetState(*tuple(row))
             return attempt
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await attempt.close()
+            await attempt.close()
             raise
 
     async def record_failure(self, result: RunResult) -> None:
         """Record a run that did not commit, in its own short transaction."""
+        with _shielded():
+            await self._record(result)
+
+    async def _record(self, result: RunResult) -> None:
         await self.pool.execute(
             self.sql_failure,
             self.namespace,

@@ -22,6 +22,7 @@ from ._durations import Duration, identifier, name, seconds
 from ._errors import ScheduleError, SchedulerStateError
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
 from ._loop import Dispatcher, Entry
+from ._runs import Runs
 from ._telemetry import Telemetry, logger
 from ._tick import Runner
 from ._triggers import Cron, Trigger
@@ -83,7 +84,7 @@ class Scheduler:
         self._states: dict[str, FleetState] = {}
         self._status: _State = "idle"
         self._started_at: dict[str, datetime] = {}
-        self._runs: TaskGroup | None = None
+        self._runs: Runs | None = None
         self._outer: TaskGroup | None = None
         self._dispatcher = Dispatcher(self._clock, self._random, self._spawn)
         self._telemetry = Telemetry(self._last_successes, tracer_provider, meter_provider)
@@ -91,9 +92,6 @@ class Scheduler:
         if self.postgres:
             self._add_retention()
         self._runner: Runner | None = None
-        self._in_flight = 0
-        self._idle = anyio.Event()
-        self._stopped = anyio.Event()
 
     def _add_retention(self) -> None:
         from ._schema import Retention
@@ -246,7 +244,8 @@ class Scheduler:
             await self._coordinator.open()
             try:
                 async with anyio.create_task_group() as tg:
-                    self._runs = await tg.start(self._hold_runs)
+                    self._runs = Runs()
+                    await tg.start(self._runs.serve)
                     try:
                         await self._serve(task_status)
                     finally:
@@ -290,27 +289,12 @@ class Scheduler:
         task_status.started()
         await self._dispatcher.run()
 
-    async def _hold_runs(self, *, task_status: TaskStatus[TaskGroup]) -> None:
-        # Runs in flight live in a shielded task group so that cancelling run() stops new
-        # ticks at once but gives the runs in flight their shutdown grace.
-        self._stopped = anyio.Event()
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as runs:
-                task_status.started(runs)
-                await self._stopped.wait()
-
     async def _drain(self) -> None:
         self._status = "stopping"
         for entry in self._entries.values():
             self._dispatcher.cancel(entry)
-        runs = self._runs
-        if runs is not None:
-            if self._in_flight:
-                self._idle = anyio.Event()
-                with anyio.move_on_after(self.shutdown_grace):
-                    await self._idle.wait()
-            runs.cancel_scope.cancel()
-            self._stopped.set()
+        if self._runs is not None:
+            await self._runs.drain(self.shutdown_grace)
         logger.info("ticklock: scheduler stopped")
 
     def _make_postgres(self) -> Coordinator:
@@ -336,8 +320,7 @@ class Scheduler:
 
     def _spawn(self, entry: Entry) -> None:
         assert self._runs is not None
-        self._in_flight += 1
-        self._runs.start_soon(self._tick, entry, name=f"ticklock.run {entry.job.id}")
+        self._runs.start(self._tick, entry, f"ticklock.run {entry.job.id}")
 
     async def _tick(self, entry: Entry) -> None:
         job = entry.job
@@ -351,9 +334,6 @@ class Scheduler:
             return
         finally:
             entry.running = False
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
         self._after(entry, result, state)
 
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:

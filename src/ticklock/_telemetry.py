@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from opentelemetry import metrics, trace
@@ -44,6 +43,7 @@ class Telemetry:
         from . import __version__
 
         self._last_successes = last_successes
+        self._own_tracer_provider = tracer_provider is not None
         self.tracer = trace.get_tracer(NAME, __version__, tracer_provider=tracer_provider)
         meter = metrics.get_meter(NAME, __version__, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
@@ -64,22 +64,17 @@ class Telemetry:
             description="Unix time of each job's last successful run (fleet-wide).",
         )
 
+    def tracing(self) -> bool:
+        """Whether spans can be recorded: a provider was given, or a global one was set."""
+        return self._own_tracer_provider or not isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        )
+
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(when.timestamp(), {JOB_ID: job_id})
             for job_id, when in self._last_successes()
         ]
-
-    @contextmanager
-    def span(self, job_id: str) -> Iterator[Span]:
-        """The span of one tick attempt, current while the handler runs."""
-        with self.tracer.start_as_current_span(
-            f"ticklock.run {job_id}",
-            attributes={JOB_ID: job_id},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            yield span
 
     def record(
         self,

@@ -13,15 +13,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import _plan
-from ._clock import Clock, deadline_scope
+from ._clock import Clock, SystemClock, deadline_scope, native_deadline_scope
 from ._coordination import Attempt, Coordinator, FleetState
-from ._job import Job, JobContext, Outcome, RunResult, idempotency_key
-from ._telemetry import Telemetry, logger
-
-# How long cleanup (rollback, release, the failure record) may take, shielded from cancellation.
-CLEANUP_SECONDS = 5.0
+from ._job import Job, JobContext, Outcome, RunResult
+from ._telemetry import JOB_ID, Telemetry, logger
 
 
 @dataclass(slots=True)
@@ -60,6 +58,7 @@ class Runner:
         self.namespace = namespace
         self.owner = owner
         self.telemetry = telemetry
+        self._native_clock = type(clock) is SystemClock
 
     async def execute(
         self,
@@ -75,30 +74,54 @@ class Runner:
         ``manual`` runs now (slot = now) whatever the schedule says, under the same lock,
         watermark and recording.
         """
+        if not self.telemetry.tracing():  # no SDK: skip the no-op span's context switches
+            return await self._execute(job, slot, fire_at, jitter, manual, INVALID_SPAN)
+        with self.telemetry.tracer.start_as_current_span(
+            f"ticklock.run {job.id}",
+            attributes={JOB_ID: job.id},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            return await self._execute(job, slot, fire_at, jitter, manual, span)
+
+    async def _execute(
+        self,
+        job: Job,
+        slot: datetime | None,
+        fire_at: datetime | None,
+        jitter: float,
+        manual: bool,
+        span: Span,
+    ) -> tuple[RunResult, FleetState | None]:
         clock = self.clock
         started = clock.now()
         deadline = clock.monotonic() + job.timeout
         lateness = None if fire_at is None else (started - fire_at).total_seconds()
         run = _Run(slot=started if manual else slot)
         attempt: Attempt | None = None
-        with self.telemetry.span(job.id) as span:
-            try:
+        try:
+            if self._native_clock:
+                with native_deadline_scope(deadline) as scope:
+                    attempt = await self.coordinator.attempt(job.id, job.timeout)
+                    await self._hold(job, attempt, run, started, deadline, manual)
+            else:
                 async with deadline_scope(clock, deadline) as scope:
                     attempt = await self.coordinator.attempt(job.id, job.timeout)
                     await self._hold(job, attempt, run, started, deadline, manual)
-                overran = scope.cancel_called or clock.monotonic() >= deadline
-                if overran and run.outcome in (None, Outcome.SUCCESS):
-                    run.fail(Outcome.TIMEOUT, None, f"timed out after {job.timeout:g} s")
-                if run.outcome is Outcome.SUCCESS and attempt is not None:
-                    await self._commit(job, attempt, run, started)
-            except anyio.get_cancelled_exc_class():
-                run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
+            overran = scope.cancel_called or clock.monotonic() >= deadline
+            if overran and run.outcome in (None, Outcome.SUCCESS):
+                run.fail(Outcome.TIMEOUT, None, f"timed out after {job.timeout:g} s")
+            if run.outcome is Outcome.SUCCESS and attempt is not None:
+                await self._commit(job, attempt, run, started)
+        except anyio.get_cancelled_exc_class():
+            run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
+            with anyio.CancelScope(shield=True):
                 await self._finish(job, run, started, attempt, span, jitter, lateness)
-                raise
-            except Exception as exc:
-                kind = self.coordinator.classify(exc) or Outcome.ERROR
-                run.fail(kind, exc, _describe(exc))
-            return await self._finish(job, run, started, attempt, span, jitter, lateness)
+            raise
+        except Exception as exc:
+            kind = self.coordinator.classify(exc) or Outcome.ERROR
+            run.fail(kind, exc, _describe(exc))
+        return await self._finish(job, run, started, attempt, span, jitter, lateness)
 
     async def _hold(
         self,
@@ -130,8 +153,8 @@ class Runner:
             started_at=started,
             deadline=started + timedelta(seconds=deadline - self.clock.monotonic()),
             owner=self.owner,
-            idempotency_key=idempotency_key(self.namespace, job.id, run.slot),
             conn=attempt.conn,
+            namespace=self.namespace,
         )
         run.executed = True
         try:
@@ -142,7 +165,8 @@ class Runner:
             return
         run.finished_at = self.clock.now()
         try:
-            json.dumps(report)
+            if report is not None:
+                json.dumps(report)
         except (TypeError, ValueError) as exc:
             run.fail(
                 Outcome.FAILURE,
@@ -156,8 +180,7 @@ class Runner:
 
     async def _commit(self, job: Job, attempt: Attempt, run: _Run, started: datetime) -> None:
         result = self._result(job, run, started)
-        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS):
-            await attempt.commit(result, _plan.overdue_at(job, result.finished_at))
+        await attempt.commit(result, _plan.overdue_at(job, result.finished_at))
         if run.state is not None:
             run.state.committed(result)
 
@@ -184,27 +207,27 @@ class Runner:
         jitter: float,
         lateness: float | None,
     ) -> tuple[RunResult, FleetState | None]:
-        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS):
-            if attempt is not None:
-                try:
-                    await attempt.close()
-                except Exception:  # a dead connection: the server rolled back already
-                    logger.debug("ticklock: closing the tick of %s failed", job.id, exc_info=True)
-            if run.outcome is not Outcome.SUCCESS:
-                run.finished_at = None  # a failure ends when its rollback is done
-            result = self._result(job, run, started)
-            if run.executed and result.outcome is not Outcome.SUCCESS:
-                if run.state is not None:
-                    run.state.failed(result)
-                try:
-                    await self.coordinator.record_failure(result)
-                except Exception:
-                    logger.warning(
-                        "ticklock: could not record the %s of %s",
-                        result.outcome,
-                        job.id,
-                        exc_info=True,
-                    )
+        # The coordinator shields its own cleanup (rollback, release, failure record).
+        if attempt is not None:
+            try:
+                await attempt.close()
+            except Exception:  # a dead connection: the server rolled back already
+                logger.debug("ticklock: closing the tick of %s failed", job.id, exc_info=True)
+        if run.outcome is not Outcome.SUCCESS:
+            run.finished_at = None  # a failure ends when its rollback is done
+        result = self._result(job, run, started)
+        if run.executed and result.outcome is not Outcome.SUCCESS:
+            if run.state is not None:
+                run.state.failed(result)
+            try:
+                await self.coordinator.record_failure(result)
+            except Exception:
+                logger.warning(
+                    "ticklock: could not record the %s of %s",
+                    result.outcome,
+                    job.id,
+                    exc_info=True,
+                )
         self.telemetry.record(
             span,
             result,
