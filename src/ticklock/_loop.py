@@ -11,7 +11,6 @@ instant.
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 import math
 import random as _random
@@ -22,6 +21,7 @@ from typing import NoReturn
 import anyio
 
 from ._clock import Clock
+from ._coordination import FleetState
 from ._job import Job
 from ._triggers import Cron
 
@@ -47,7 +47,9 @@ class Entry:
         "job",
         "removed",
         "running",
+        "since",
         "slot",
+        "state",
     )
 
     def __init__(self, job: Job) -> None:
@@ -60,6 +62,11 @@ class Entry:
         self.generation = 0
         self.running = False
         self.removed = False
+        self.since: datetime | None = None  # when it was scheduled: the overdue base
+        self.state: FleetState | None = None  # the fleet's state as this replica last saw it
+
+    def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
+        return id(self) < id(other)
 
 
 class Dispatcher:
@@ -69,8 +76,7 @@ class Dispatcher:
         self._clock = clock
         self._random = rng
         self._spawn = spawn
-        self._heap: list[tuple[float, int, Entry, int]] = []
-        self._counter = itertools.count()
+        self._heap: list[tuple[float, int, Entry]] = []
         self._wake: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
         self._offset: float | None = None
@@ -98,14 +104,13 @@ class Dispatcher:
             entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
             wait = (entry.fire_at - clock.now()).total_seconds()
             entry.deadline = now_m + wait if wait > 0 else now_m
-        heapq.heappush(self._heap, (entry.deadline, next(self._counter), entry, entry.generation))
+        heapq.heappush(self._heap, (entry.deadline, entry.generation, entry))
         if entry.deadline < self._sleeping_until and self._wake is not None:
             self._wake.cancel()
 
-    def cancel(self, entry: Entry) -> None:
+    def forget(self, entry: Entry) -> None:
         """Forget ``entry``'s deadline (its heap item goes stale)."""
         entry.generation += 1
-        entry.removed = True
         entry.deadline = math.inf
 
     def wake(self) -> None:
@@ -123,14 +128,14 @@ class Dispatcher:
             if now is not None:
                 self._watch_wall(now, now_m)
             while heap and heap[0][0] <= now_m:
-                _, _, entry, generation = heapq.heappop(heap)
+                _, generation, entry = heapq.heappop(heap)
                 if generation != entry.generation or entry.running:
                     continue
                 fire_at = entry.fire_at
                 if now is not None and fire_at is not None and fire_at > now and entry.is_cron:
                     # never fire a cron job early (the wall clock stepped back)
                     entry.deadline = now_m + (fire_at - now).total_seconds()
-                    heapq.heappush(heap, (entry.deadline, next(self._counter), entry, generation))
+                    heapq.heappush(heap, (entry.deadline, generation, entry))
                     continue
                 entry.running = True
                 self._spawn(entry)
@@ -161,10 +166,10 @@ class Dispatcher:
         # The wall clock stepped (NTP, VM suspend): re-plan every cron deadline from its instant.
         self._offset = offset
         rebuilt = []
-        for deadline, seq, entry, generation in self._heap:
+        for deadline, generation, entry in self._heap:
             if generation == entry.generation and entry.fire_at is not None and entry.is_cron:
                 wait = (entry.fire_at - now).total_seconds()
                 deadline = entry.deadline = now_m + max(wait, 0.0)
-            rebuilt.append((deadline, seq, entry, generation))
+            rebuilt.append((deadline, generation, entry))
         heapq.heapify(rebuilt)
         self._heap[:] = rebuilt

@@ -6,10 +6,10 @@ import contextlib
 import os
 import random as _random
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
@@ -25,7 +25,7 @@ from ._loop import Dispatcher, Entry
 from ._runs import Runs
 from ._telemetry import Telemetry, logger
 from ._tick import Runner
-from ._triggers import Cron, Trigger
+from ._triggers import Trigger
 
 if TYPE_CHECKING:
     import asyncpg
@@ -79,11 +79,8 @@ class Scheduler:
         self._pool = pool
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._random = random if random is not None else _random.Random()
-        self._jobs: dict[str, Job] = {}
-        self._entries: dict[str, Entry] = {}
-        self._states: dict[str, FleetState] = {}
+        self._entries: dict[str, Entry] = {}  # every declared job, by id
         self._status: _State = "idle"
-        self._started_at: dict[str, datetime] = {}
         self._runs: Runs | None = None
         self._outer: TaskGroup | None = None
         self._dispatcher = Dispatcher(self._clock, self._random, self._spawn)
@@ -96,7 +93,7 @@ class Scheduler:
     def _add_retention(self) -> None:
         from ._schema import Retention
 
-        if "ticklock.retention" not in self._jobs:
+        if "ticklock.retention" not in self._entries:
             self.add(
                 Retention(self.schema, self.namespace, self.retention),
                 _retention_trigger(),
@@ -122,7 +119,7 @@ class Scheduler:
     @property
     def jobs(self) -> Mapping[str, Job]:
         """The declared jobs by id (a read-only view)."""
-        return MappingProxyType(self._jobs)
+        return _JobsView(self._entries)
 
     def job(
         self,
@@ -175,29 +172,28 @@ class Scheduler:
             catch_up=catch_up,
             overdue_grace=overdue_grace,
         )
-        if job.id in self._jobs:
+        if job.id in self._entries:
             raise ScheduleError(
                 "a job with this id is already declared; give one of them another id=",
                 job_id=job.id,
                 field="id",
             )
-        self._jobs[job.id] = job
+        entry = self._entries[job.id] = Entry(job)
         if self._status == "running":
-            self._start_job(job, self._states.get(job.id, FleetState()))
+            self._start_job(entry, self._clock.now())
         return job
 
     def remove(self, id: str) -> Job:
         """Remove the job ``id``; a run in flight finishes, no new one starts."""
         try:
-            job = self._jobs.pop(id)
+            entry = self._entries.pop(id)
         except KeyError:
             raise KeyError(f"no job with id {id!r}") from None
-        entry = self._entries.pop(id, None)
-        if entry is not None:
-            self._dispatcher.cancel(entry)
-            if isinstance(job.trigger, Cron):
-                self._dispatcher.cron_jobs -= 1
-        return job
+        entry.removed = True
+        self._dispatcher.forget(entry)
+        if self._status == "running" and entry.job.enabled and entry.is_cron:
+            self._dispatcher.cron_jobs -= 1
+        return entry.job
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -261,8 +257,7 @@ class Scheduler:
             self._status = "idle"
             self._runs = None
             for entry in self._entries.values():
-                self._dispatcher.cancel(entry)
-            self._entries.clear()
+                self._dispatcher.forget(entry)
             self._dispatcher.cron_jobs = 0
 
     def _check_idle(self) -> None:
@@ -274,16 +269,18 @@ class Scheduler:
 
     async def _serve(self, task_status: TaskStatus[None]) -> None:
         now = self._clock.now()
-        self._states = await self._coordinator.load(
-            {j.id: _plan.overdue_at(j, now) for j in self._jobs.values() if j.enabled}
+        entries = self._entries.values()
+        states = await self._coordinator.load(
+            {e.job.id: _plan.overdue_at(e.job, now) for e in entries if e.job.enabled}
         )
-        for job in self._jobs.values():
-            self._start_job(job, self._states.get(job.id, FleetState()))
+        for entry in entries:
+            entry.state = states.get(entry.job.id)
+            self._start_job(entry, now)
         self._status = "running"
         logger.info(
             "ticklock: scheduler started (%s mode, %d jobs, owner %s)",
             "postgres" if self.postgres else "local",
-            len(self._jobs),
+            len(self._entries),
             self.owner,
         )
         task_status.started()
@@ -292,7 +289,7 @@ class Scheduler:
     async def _drain(self) -> None:
         self._status = "stopping"
         for entry in self._entries.values():
-            self._dispatcher.cancel(entry)
+            self._dispatcher.forget(entry)
         if self._runs is not None:
             await self._runs.drain(self.shutdown_grace)
         logger.info("ticklock: scheduler stopped")
@@ -308,15 +305,14 @@ class Scheduler:
             clock=self._clock,
         )
 
-    def _start_job(self, job: Job, state: FleetState) -> None:
-        entry = self._entries[job.id] = Entry(job)
-        now = self._clock.now()
-        self._started_at[job.id] = now
+    def _start_job(self, entry: Entry, now: datetime) -> None:
+        entry.since = now
+        job = entry.job
         if not job.enabled:
             return
-        if isinstance(job.trigger, Cron):
+        if entry.is_cron:
             self._dispatcher.cron_jobs += 1
-        self._dispatcher.schedule(entry, _plan.first(job, state, now))
+        self._dispatcher.schedule(entry, _plan.first(job, entry.state or _NO_STATE, now))
 
     def _spawn(self, entry: Entry) -> None:
         assert self._runs is not None
@@ -339,7 +335,7 @@ class Scheduler:
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
         job = entry.job
         if state is not None:
-            self._states[job.id] = state
+            entry.state = state
         if entry.removed or self._status != "running":
             return
         if result.outcome is Outcome.LOCKED:
@@ -361,15 +357,15 @@ class Scheduler:
                 "run_now() needs a running scheduler: call it inside 'async with scheduler'"
             )
         try:
-            job = self._jobs[id]
+            entry = self._entries[id]
         except KeyError:
             raise KeyError(f"no job with id {id!r}") from None
+        job = entry.job
         assert self._runner is not None
         result, state = await self._runner.execute(job, None, manual=True)
-        entry = self._entries.get(id)
         if state is not None:
-            self._states[id] = state
-            if entry is not None and job.enabled and not entry.running and not entry.removed:
+            entry.state = state
+            if job.enabled and not entry.running and not entry.removed:
                 self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
         return result
 
@@ -378,12 +374,12 @@ class Scheduler:
         if now is None:
             now = self._clock.now()
         result = []
-        for job in self._jobs.values():
-            state = self._states.get(job.id) or FleetState()
-            entry = self._entries.get(job.id)
-            next_fire = entry.fire_at if entry is not None else None
+        for entry in self._entries.values():
+            job = entry.job
+            state = entry.state or _NO_STATE
+            next_fire = entry.fire_at if self._status == "running" else None
             overdue = False
-            base = state.last_success_at or self._started_at.get(job.id)
+            base = state.last_success_at or entry.since
             if job.enabled and self._status == "running" and base is not None:
                 limit = _plan.overdue_at(job, base)
                 overdue = limit is not None and now > limit
@@ -400,9 +396,9 @@ class Scheduler:
 
     def _last_successes(self) -> list[tuple[str, datetime]]:
         return [
-            (job_id, state.last_success_at)
-            for job_id, state in self._states.items()
-            if state.last_success_at is not None and job_id in self._jobs
+            (job_id, entry.state.last_success_at)
+            for job_id, entry in self._entries.items()
+            if entry.state is not None and entry.state.last_success_at is not None
         ]
 
     # -- integrations --------------------------------------------------------------------
@@ -417,6 +413,27 @@ class Scheduler:
         """An aiohttp cleanup context: ``app.cleanup_ctx.append(scheduler.aiohttp_ctx)``."""
         async with self:
             yield
+
+
+_NO_STATE = FleetState()  # read-only: a job the fleet has no state for
+
+
+class _JobsView(Mapping[str, Job]):
+    """A read-only view of the declared jobs."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: dict[str, Entry]) -> None:
+        self._entries = entries
+
+    def __getitem__(self, key: str) -> Job:
+        return self._entries[key].job
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _default_owner() -> str:
