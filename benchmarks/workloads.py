@@ -20,7 +20,7 @@ import resource
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 OnRun = Callable[[int, float], None]  # (job index, intended wall instant or NaN)
@@ -234,8 +234,10 @@ async def idle(impl: str, n: int, seconds: float, interval: float) -> dict[str, 
 
 
 async def memory(impl: str, n: int, seconds: float, interval: float) -> dict[str, Any]:
-    """P3: RSS growth per idle job."""
+    """P3: RSS growth per idle job (after a warm-up with one job: imports are not per job)."""
     start = time.time() + interval
+    async with IMPLS[impl](1, interval, [start], lambda i, t: None):
+        await asyncio.sleep(0.1)
     first = [start] * n
     gc.collect()
     before = rss()
