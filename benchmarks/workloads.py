@@ -110,22 +110,33 @@ async def run_aps3(
         scheduler.shutdown(wait=False)
 
 
+_APS4_ON_RUN: list[OnRun] = []
+
+
+async def aps4_body(i: int) -> None:
+    """APScheduler 4 only schedules module-level functions (it stores a reference)."""
+    from apscheduler import current_job
+
+    fire = current_job.get().scheduled_fire_time
+    _APS4_ON_RUN[0](i, fire.timestamp() if fire is not None else math.nan)
+
+
 @asynccontextmanager
 async def run_aps4(
     n: int, interval: float, first: list[float], on_run: OnRun
 ) -> AsyncIterator[None]:
-    from apscheduler import AsyncScheduler, current_job
+    from apscheduler import AsyncScheduler
     from apscheduler.triggers.interval import IntervalTrigger
 
-    async def body(i: int) -> None:
-        fire = current_job.get().scheduled_fire_time
-        on_run(i, fire.timestamp() if fire is not None else math.nan)
-
+    _APS4_ON_RUN[:] = [on_run]
     async with AsyncScheduler() as scheduler:
         for i in range(n):
             start = datetime.fromtimestamp(first[i], timezone.utc)
             await scheduler.add_schedule(
-                body, IntervalTrigger(seconds=interval, start_time=start), id=str(i), args=(i,)
+                aps4_body,
+                IntervalTrigger(seconds=interval, start_time=start),
+                id=str(i),
+                args=(i,),
             )
         await scheduler.start_in_background()
         yield

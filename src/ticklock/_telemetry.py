@@ -44,6 +44,7 @@ class Telemetry:
 
         self._last_successes = last_successes
         self._own_tracer_provider = tracer_provider is not None
+        self._own_meter_provider = meter_provider is not None
         self.tracer = trace.get_tracer(NAME, __version__, tracer_provider=tracer_provider)
         meter = metrics.get_meter(NAME, __version__, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
@@ -68,6 +69,13 @@ class Telemetry:
         """Whether spans can be recorded: a provider was given, or a global one was set."""
         return self._own_tracer_provider or not isinstance(
             trace.get_tracer_provider(), trace.ProxyTracerProvider
+        )
+
+    def metering(self) -> bool:
+        """Whether measurements can be recorded: a provider was given, or a global one set."""
+        # The API's global default is a proxy (a private class) until an SDK is installed.
+        return self._own_meter_provider or (
+            type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
         )
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
@@ -99,11 +107,12 @@ class Telemetry:
                 if exc is not None:
                     span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, result.error))
-        attributes = {JOB_ID: result.job_id, OUTCOME: outcome}
-        self.runs.add(1, attributes)
-        self.duration.record(result.duration, attributes)
-        if lateness is not None:
-            self.lateness.record(lateness, {JOB_ID: result.job_id})
+        if self.metering():
+            attributes = {JOB_ID: result.job_id, OUTCOME: outcome}
+            self.runs.add(1, attributes)
+            self.duration.record(result.duration, attributes)
+            if lateness is not None:
+                self.lateness.record(lateness, {JOB_ID: result.job_id})
         self._log(result, exc)
 
     def _log(self, result: RunResult, exc: BaseException | None) -> None:

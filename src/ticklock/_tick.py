@@ -32,6 +32,7 @@ class _Run:
     state: FleetState | None = None
     executed: bool = False  # the handler was started: a failure must be recorded
     finished_at: datetime | None = None
+    result: RunResult | None = None
 
     def fail(self, outcome: Outcome, exc: BaseException | None, error: str) -> None:
         self.outcome, self.exc, self.error = outcome, exc, error
@@ -104,11 +105,13 @@ class Runner:
                 with native_deadline_scope(deadline) as scope:
                     attempt = await self.coordinator.attempt(job.id, job.timeout)
                     await self._hold(job, attempt, run, started, deadline, manual)
+                overran = scope.cancel_called
             else:
                 async with deadline_scope(clock, deadline) as scope:
                     attempt = await self.coordinator.attempt(job.id, job.timeout)
                     await self._hold(job, attempt, run, started, deadline, manual)
-            overran = scope.cancel_called or clock.monotonic() >= deadline
+                overran = scope.cancel_called
+            overran = overran or clock.monotonic() >= deadline
             if overran and run.outcome in (None, Outcome.SUCCESS):
                 run.fail(Outcome.TIMEOUT, None, f"timed out after {job.timeout:g} s")
             if run.outcome is Outcome.SUCCESS and attempt is not None:
@@ -179,7 +182,7 @@ class Runner:
         run.outcome = Outcome.SUCCESS
 
     async def _commit(self, job: Job, attempt: Attempt, run: _Run, started: datetime) -> None:
-        result = self._result(job, run, started)
+        result = run.result = self._result(job, run, started)
         await attempt.commit(result, _plan.overdue_at(job, result.finished_at))
         if run.state is not None:
             run.state.committed(result)
@@ -213,9 +216,11 @@ class Runner:
                 await attempt.close()
             except Exception:  # a dead connection: the server rolled back already
                 logger.debug("ticklock: closing the tick of %s failed", job.id, exc_info=True)
-        if run.outcome is not Outcome.SUCCESS:
+        if run.outcome is Outcome.SUCCESS and run.result is not None:
+            result = run.result
+        else:
             run.finished_at = None  # a failure ends when its rollback is done
-        result = self._result(job, run, started)
+            result = self._result(job, run, started)
         if run.executed and result.outcome is not Outcome.SUCCESS:
             if run.state is not None:
                 run.state.failed(result)
