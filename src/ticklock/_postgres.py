@@ -39,7 +39,6 @@ SKEW_WARNING = 1.0
 """A replica clock further than this from the database's logs a WARNING at start."""
 CLEANUP_SECONDS = 5.0
 """How long cleanup (commit, rollback, release, failure record) may take, shielded."""
-_LOCK_HELD = "55P03"
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
 
@@ -239,25 +238,18 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         )
         if self._transaction_timeout:
             limits += f"SET LOCAL transaction_timeout = {ms}; "
-        return (
-            f"BEGIN; {limits}DO $ticklock$ BEGIN IF NOT pg_try_advisory_xact_lock({key}) THEN "
-            f"RAISE EXCEPTION USING ERRCODE = '{_LOCK_HELD}', MESSAGE = 'ticklock: lock held'; "
-            "END IF; END $ticklock$"
-        )
+        # The status tag of the last statement says whether the lock was taken: "SELECT 1"
+        # or "SELECT 0". No error is raised for a held lock, so the server logs nothing.
+        return f"BEGIN; {limits}SELECT 1 WHERE pg_try_advisory_xact_lock({key})"
 
     async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
-        import asyncpg
-
         conn = await self.pool.acquire()
         attempt = _PgAttempt(self, job_id, conn, False, FleetState())
         try:
-            try:
-                await conn.execute(self._begin_sql(job_id, budget))
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate == _LOCK_HELD:
-                    return attempt
-                raise
+            status = await conn.execute(self._begin_sql(job_id, budget))
+            if status != "SELECT 1":
+                return attempt  # held by another replica: close() rolls back
             row = await conn.fetchrow(self.sql_state, self.namespace, job_id)
             attempt.acquired = True
             if row is not None:
