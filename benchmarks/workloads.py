@@ -200,7 +200,7 @@ async def lateness(impl: str, n: int, seconds: float, interval: float) -> dict[s
     runs = [0]
     t0 = time.time() + 1.0
     first = [t0 + interval * i / n for i in range(n)]
-    warm_until = t0 + interval  # skip the first round (start-up)
+    warm_until = t0 + min(interval, 1.0)  # skip the first second (start-up)
 
     def on_run(i: int, intended: float) -> None:
         now = time.time()

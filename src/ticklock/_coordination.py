@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._job import Outcome, RunResult
+from ._job import Job, Outcome, RunResult
 
 if TYPE_CHECKING:
     import asyncpg
@@ -55,7 +55,7 @@ class Attempt(Protocol):
     state: FleetState
     conn: asyncpg.Connection[Any] | None
 
-    async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
+    async def commit(self, result: RunResult, job: Job) -> None:
         """Write the watermark, the success and the run record, and commit."""
         ...
 
@@ -104,7 +104,7 @@ class _LocalAttempt:
         state = coordinator.states.get(job_id)
         self.state = FleetState() if state is None else state.copy()
 
-    async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
+    async def commit(self, result: RunResult, job: Job) -> None:
         self._coordinator.states.setdefault(self._job_id, FleetState()).committed(result)
 
     async def close(self) -> None:

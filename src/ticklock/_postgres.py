@@ -22,8 +22,9 @@ import anyio
 
 from ._clock import Clock
 from ._coordination import FleetState
-from ._job import Outcome, RunResult
+from ._job import Job, Outcome, RunResult
 from ._lock_key import lock_key
+from ._plan import overdue_at
 from ._schema import migrate, quote
 
 if TYPE_CHECKING:
@@ -72,10 +73,10 @@ class _PgAttempt:
         self.acquired = acquired
         self.state = state
 
-    async def commit(self, result: RunResult, overdue_at: datetime | None) -> None:
+    async def commit(self, result: RunResult, job: Job) -> None:
         report = None if result.report is None else json.dumps(result.report)
         with _shielded():
-            await self._write(result, report, overdue_at)
+            await self._write(result, report, overdue_at(job, result.finished_at))
 
     async def _write(
         self, result: RunResult, report: str | None, overdue_at: datetime | None

@@ -183,7 +183,7 @@ class Runner:
 
     async def _commit(self, job: Job, attempt: Attempt, run: _Run, started: datetime) -> None:
         result = run.result = self._result(job, run, started)
-        await attempt.commit(result, _plan.overdue_at(job, result.finished_at))
+        await attempt.commit(result, job)
         if run.state is not None:
             run.state.committed(result)
 
