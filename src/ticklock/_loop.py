@@ -88,6 +88,9 @@ class Dispatcher:
         """Plan ``entry`` for ``slot`` (plus fresh jitter), or re-align after ``retry_after`` s."""
         entry.generation += 1
         clock = self._clock
+        # The wall clock first: the time between the two reads then makes the deadline late,
+        # never early (a fixed delay must be at least the interval).
+        now = clock.now() if slot is not None else None
         now_m = clock.monotonic()
         if retry_after is not None:
             entry.slot = entry.fire_at = None
@@ -102,7 +105,8 @@ class Dispatcher:
             entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
             entry.slot = slot
             entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
-            wait = (entry.fire_at - clock.now()).total_seconds()
+            assert now is not None
+            wait = (entry.fire_at - now).total_seconds()
             entry.deadline = now_m + wait if wait > 0 else now_m
         heapq.heappush(self._heap, (entry.deadline, entry.generation, entry))
         if entry.deadline < self._sleeping_until and self._wake is not None:

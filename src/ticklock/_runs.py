@@ -18,6 +18,8 @@ from anyio.abc import TaskGroup, TaskStatus
 
 logger = logging.getLogger("ticklock")
 Run = Callable[[Any], Awaitable[None]]
+CANCEL_WAIT = 10.0
+"""Seconds a cancelled run may take to roll back and record itself at shutdown."""
 
 
 def _on_asyncio() -> bool:
@@ -83,5 +85,13 @@ class Runs:
             for task in tasks:
                 task.cancel()
             if tasks:
-                await asyncio.wait(tasks)
+                # a handler that swallows cancellation must not hang the shutdown
+                _, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT)
+                if pending:
+                    logger.error(
+                        "ticklock: %d run(s) ignored cancellation for %.0f s and were left "
+                        "running: a handler swallows CancelledError",
+                        len(pending),
+                        CANCEL_WAIT,
+                    )
         self._closed.set()
