@@ -198,12 +198,13 @@ async def p7(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, An
     ]
     started = time.time()
     await asyncio.sleep(seconds)
+    # read before the replicas stop: their backends' CPU time leaves /proc with them
+    x1, cpu1 = await admin.fetchval(stats), postgres_cpu(None)
+    elapsed = time.time() - started
     for proc in procs:
         proc.terminate()
     for proc in procs:
         proc.wait(timeout=60)
-    elapsed = time.time() - started
-    x1, cpu1 = await admin.fetchval(stats), postgres_cpu(None)
     rows = await admin.fetch(
         f"SELECT job_id, slot, started_at, finished_at FROM {schema}.runs "
         "WHERE outcome = 'success' AND job_id <> 'ticklock.retention' ORDER BY job_id, started_at"
