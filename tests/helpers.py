@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import anyio
 
@@ -68,3 +69,13 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within} s waiting for {what}")
         await anyio.sleep(0.05)
+
+
+def add_lock_holder(scheduler: Any, entered: anyio.Event, gate: anyio.Event) -> None:
+    """Declare job "shared": its run signals ``entered`` and holds the lock until ``gate``."""
+    from ticklock import JobContext, every
+
+    @scheduler.job(every(3600), id="shared")
+    async def shared(ctx: JobContext) -> None:
+        entered.set()
+        await gate.wait()

@@ -59,6 +59,15 @@ class Fleet:
     def marker(self, owner: str) -> Path:
         return self.tmp / f"{owner}.marker"
 
+    async def wait_marker(self, owner: str, what: str) -> None:
+        """Wait until ``owner``'s handler touched its marker (it holds the lock)."""
+        marker = self.marker(owner)
+
+        async def touched() -> bool:
+            return marker.exists()
+
+        await eventually(touched, 20, what)
+
     def output(self, owner: str) -> str:
         return (self.tmp / f"{owner}.log").read_text()
 
@@ -132,12 +141,7 @@ async def test_three_replicas_commit_each_slot_once_without_overlap(
 async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_conn: Any) -> None:
     s = fleet.schema
     a = fleet.spawn("A", "pause")
-    marker = fleet.marker("A")
-
-    async def a_holds() -> bool:
-        return marker.exists()
-
-    await eventually(a_holds, 20, "replica A to hold the lock inside its handler")
+    await fleet.wait_marker("A", "replica A to hold the lock inside its handler")
     a.send_signal(signal.SIGSTOP)
     paused_at = datetime.now(timezone.utc)
     fleet.spawn("B", "pause")
@@ -167,12 +171,7 @@ async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_co
 async def test_a_replica_killed_mid_run_leaves_no_partial_write(fleet: Fleet, pg_conn: Any) -> None:
     s = fleet.schema
     k = fleet.spawn("K", "crash")
-    marker = fleet.marker("K")
-
-    async def mid_run() -> bool:
-        return marker.exists()
-
-    await eventually(mid_run, 20, "replica K to be inside its second run")
+    await fleet.wait_marker("K", "replica K to be inside its second run")
     k.send_signal(signal.SIGKILL)
     k.wait()
     first = await pg_conn.fetch(f"SELECT slot, note FROM {s}.log")

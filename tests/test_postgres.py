@@ -10,7 +10,7 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import at, eventually, run_log
+from helpers import add_lock_holder, at, eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Outcome, Scheduler, SystemClock, cron, every, lock_key
 from ticklock._schema import migrate
@@ -203,12 +203,7 @@ async def test_two_schedulers_locked_and_skipped(pg_dsn: str, pg_schema: str) ->
 
     def build(owner: str) -> Scheduler:
         scheduler = Scheduler(pg_dsn, schema=pg_schema, owner=owner)
-
-        @scheduler.job(every(3600), id="shared")
-        async def shared(ctx: JobContext) -> None:
-            entered.set()
-            await gate.wait()
-
+        add_lock_holder(scheduler, entered, gate)
         return scheduler
 
     a, b = build("a"), build("b")

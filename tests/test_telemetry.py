@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from helpers import at, eventually
+from helpers import add_lock_holder, at, eventually
 from ticklock import JobContext, Outcome, Scheduler, every
 from ticklock.testing import ManualClock
 
@@ -161,12 +161,7 @@ async def test_locked_and_skipped_attempts_are_spans_and_counts(
             tracer_provider=otel.tracer_provider,
             meter_provider=otel.meter_provider,
         )
-
-        @scheduler.job(every(3600), id="shared")
-        async def shared(ctx: JobContext) -> None:
-            entered.set()
-            await gate.wait()
-
+        add_lock_holder(scheduler, entered, gate)
         return scheduler
 
     a, b = build("a"), build("b")
