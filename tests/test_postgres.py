@@ -115,6 +115,46 @@ async def test_set_local_never_leaks_to_the_pooled_connection(pg_dsn: str, pg_sc
         await pool.close()
 
 
+async def test_session_state_a_handler_leaves_is_reset_before_the_next_tick(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # ticklock's own pool folds asyncpg's reset into the tick's COMMIT/ROLLBACK and skips the
+    # pool's separate reset round trip: what one run leaves in the session must still be gone.
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    seen: list[tuple[int, str, int, list[str]]] = []
+    fail = [False]
+
+    @scheduler.job(every(3600), id="dirty", timeout=5)
+    async def dirty(ctx: JobContext) -> None:
+        conn = ctx.conn
+        assert conn is not None
+        row = await conn.fetchrow(
+            "SELECT pg_backend_pid(), current_setting('search_path'), "
+            "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND pid = pg_backend_pid() AND objid = 4242), "
+            "ARRAY(SELECT pg_listening_channels())"
+        )
+        assert row is not None
+        seen.append((row[0], row[1], row[2], list(row[3])))
+        await conn.execute("SET search_path = nowhere")  # session-level, not LOCAL
+        await conn.execute("SELECT pg_advisory_lock(4242)")  # a session lock: not transactional
+        await conn.execute("LISTEN ticklock_test")
+        if fail[0]:
+            raise RuntimeError("after dirtying the session")
+
+    async with scheduler:
+        for failing in (False, False, True, False):
+            fail[0] = failing
+            expected = Outcome.FAILURE if failing else Outcome.SUCCESS
+            assert (await scheduler.run_now("dirty")).outcome is expected
+    assert len(seen) == 4
+    assert len({pid for pid, *_ in seen}) == 1, "the ticks should share the pool's connection"
+    for _, search_path, locks, channels in seen:
+        assert search_path == '"$user", public'
+        assert locks == 0
+        assert channels == []
+
+
 async def test_timeout_and_shutdown_roll_back_and_are_recorded(
     pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
 ) -> None:

@@ -5,6 +5,12 @@ query, (2) read the fleet state (a fresh snapshot, taken after the lock), then t
 (3) the watermark + success + run record in one statement, (4) ``COMMIT``. A tick that finds
 the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
 
+The pool's reset of a released connection (``pg_advisory_unlock_all(); RESET ALL; ...``,
+which undoes any session state a handler set) would be one more round trip per tick. On the
+pool ticklock creates, a tick sends it in the same simple query as its COMMIT or ROLLBACK, and
+the pool's ``reset`` skips connections released clean that way. A pool the user passes keeps
+its own reset.
+
 The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
 ROLLBACK or the end of the session, never by a timer, and it works through transaction-mode
 poolers. ``SET LOCAL`` timeouts make the server end the session of a holder that is paused
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextvars import ContextVar
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,6 +49,8 @@ CLEANUP_SECONDS = 5.0
 """How long cleanup (commit, rollback, release, failure record) may take, shielded."""
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
+_RELEASED_CLEAN: ContextVar[bool] = ContextVar("ticklock_released_clean", default=False)
+"""Set around a release whose session a tick already reset (the pool's reset task copies it)."""
 
 
 def _shielded() -> anyio.CancelScope:
@@ -54,7 +63,16 @@ class SlotAlreadyCommitted(RuntimeError):
 
 
 class _PgAttempt:
-    __slots__ = ("_coordinator", "_job_id", "_open", "_proxy", "acquired", "conn", "state")
+    __slots__ = (
+        "_clean",
+        "_coordinator",
+        "_job_id",
+        "_open",
+        "_proxy",
+        "acquired",
+        "conn",
+        "state",
+    )
 
     def __init__(
         self,
@@ -67,6 +85,7 @@ class _PgAttempt:
         self._coordinator = coordinator
         self._job_id = job_id
         self._open = True
+        self._clean = False  # the session is as the pool gave it: no reset needed
         self._proxy: PoolConnectionProxy[Any] | None = proxy
         # The pool's proxy forwards every Connection method: handlers see a Connection.
         self.conn: asyncpg.Connection[Any] | None = cast("asyncpg.Connection[Any]", proxy)
@@ -96,21 +115,30 @@ class _PgAttempt:
         )
         if written != 1:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
-        await self.conn.execute("COMMIT")
+        await self.conn.execute("COMMIT" + c.reset_suffix)
         self._open = False
+        self._clean = True
 
     async def close(self) -> None:
         conn, self._proxy, self.conn = self._proxy, None, None
         if conn is None:
             return
+        c = self._coordinator
         with _shielded():
             try:
                 if self._open and not conn.is_closed():
-                    await conn.execute("ROLLBACK")
+                    # A handler had the session only if the lock was taken.
+                    await conn.execute("ROLLBACK" + (c.reset_suffix if self.acquired else ""))
+                    self._open = False
+                    self._clean = True
             except Exception:
                 conn.terminate()
             finally:
-                await self._coordinator.pool.release(conn)
+                token = _RELEASED_CLEAN.set(self._clean and bool(c.reset_suffix))
+                try:
+                    await c.pool.release(conn)
+                finally:
+                    _RELEASED_CLEAN.reset(token)
 
 
 class PostgresCoordinator:
@@ -132,6 +160,8 @@ class PostgresCoordinator:
         self.schema = schema
         self._clock = clock
         self._transaction_timeout = False
+        self.reset_suffix = ""
+        """Appended to a tick's COMMIT/ROLLBACK: the pool's reset, on ticklock's own pool."""
         s = quote(schema)
         self.sql_state = (
             "SELECT last_slot, last_end, last_success_at, consecutive_failures "
@@ -191,16 +221,26 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         if self._given_pool is not None:
             self._pool = self._given_pool
         else:
-            self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=10)
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=10, reset=self._reset
+            )
         try:
             async with self._pool.acquire() as proxy:
                 conn = cast("asyncpg.Connection[Any]", proxy)
                 await migrate(conn, self.schema)
                 self._transaction_timeout = conn.get_server_version().major >= 17
+                if self._given_pool is None and (query := conn.get_reset_query()):
+                    self.reset_suffix = "; " + query
                 await self._check_clock(conn)
         except BaseException:
             await self.close()
             raise
+
+    @staticmethod
+    async def _reset(conn: asyncpg.Connection[Any]) -> None:
+        """The reset of ticklock's own pool: asyncpg's, unless a tick already sent it."""
+        if not _RELEASED_CLEAN.get() and (query := conn.get_reset_query()):
+            await conn.execute(query)
 
     async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
         before = self._clock.now()
