@@ -14,15 +14,16 @@ import heapq
 import logging
 import math
 import random as _random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import NoReturn
 
 import anyio
 
-from ._clock import Clock
+from ._clock import Clock, SystemClock
 from ._coordination import FleetState
 from ._job import Job
+from ._timerfd import open_timer
 from ._triggers import Cron
 
 WALL_WATCH = 5.0
@@ -125,6 +126,17 @@ class Dispatcher:
     async def run(self) -> NoReturn:
         """Start every run that comes due, forever (until cancelled)."""
         clock = self._clock
+        # On the system clock, a timerfd wakes the loop to the microsecond (asyncio's own
+        # timers wake up to 1 ms late); see _timerfd.
+        timer = open_timer() if type(clock) is SystemClock else None
+        try:
+            await self._serve(clock.sleep_until if timer is None else timer.sleep_until)
+        finally:
+            if timer is not None:
+                timer.close()
+
+    async def _serve(self, sleep_until: Callable[[float], Awaitable[None]]) -> NoReturn:
+        clock = self._clock
         heap = self._heap
         while True:
             now_m = clock.monotonic()
@@ -149,7 +161,7 @@ class Dispatcher:
             self._sleeping_until = until
             with anyio.CancelScope() as scope:
                 self._wake = scope
-                await clock.sleep_until(until)
+                await sleep_until(until)
             self._wake = None
             self._sleeping_until = math.inf
             if not scope.cancel_called and (late := clock.monotonic() - until) > BLOCKED_WARNING:
