@@ -244,6 +244,27 @@ async def test_run_as_a_sidecar_with_task_group_start() -> None:
         pass
 
 
+async def test_a_timeout_on_the_system_clock_respects_shields_in_the_handler() -> None:
+    # The timeout is an anyio cancel scope (not a bare task.cancel()): a handler's shielded
+    # cleanup runs to its end, then the run is recorded as a timeout.
+    scheduler = Scheduler()
+    finished: list[str] = []
+
+    @scheduler.job(every(3600, initial_delay=3000), id="careful", timeout=0.05)
+    async def careful(ctx: JobContext) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.2)  # the deadline passes in here
+            finished.append("shielded part")
+        await anyio.sleep(5)  # cancelled at once: the deadline has passed
+        finished.append("after the shield")
+
+    async with scheduler:
+        with anyio.fail_after(5):
+            result = await scheduler.run_now("careful")
+    assert result.outcome is Outcome.TIMEOUT
+    assert finished == ["shielded part"]
+
+
 async def test_shutdown_waits_for_runs_in_flight_within_the_grace() -> None:
     clock = ManualClock(T0)
     scheduler = Scheduler(clock=clock, shutdown_grace=5)

@@ -10,40 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 logger = logging.getLogger("ticklock")
-Run = Callable[[Any], Awaitable[None]]
+Run = Callable[[Any], Coroutine[Any, Any, None]]
 CANCEL_WAIT = 10.0
 """Seconds a cancelled run may take to roll back and record itself at shutdown."""
-
-
-def _on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class Runs:
     """Starts runs and drains them: wait up to a grace period, then cancel the rest."""
 
     def __init__(self) -> None:
-        self.in_flight = 0
-        self._idle = anyio.Event()
-        self._native = _on_asyncio()
+        self._loop: asyncio.AbstractEventLoop | None
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # other backends: the runs' task group, how many are in flight, when that reaches 0
         self._group: TaskGroup | None = None
+        self._in_flight = 0
+        self._idle = anyio.Event()
         self._closed = anyio.Event()
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Hold the task group of the runs open until :meth:`drain` (non-asyncio backends)."""
-        if self._native:
+        if self._loop is not None:
             task_status.started()
             return
         with anyio.CancelScope(shield=True):
@@ -54,44 +51,52 @@ class Runs:
                 group.cancel_scope.cancel()
 
     def start(self, run: Run, arg: Any, name: str) -> None:
-        """Start ``run(arg)`` in a task of its own."""
-        self.in_flight += 1
-        if self._native:
-            task = asyncio.get_running_loop().create_task(self._wrap(run, arg), name=name)
+        """Start ``run(arg)`` in a task of its own (``run`` records its own failures)."""
+        if self._loop is not None:
+            task = self._loop.create_task(run(arg), name=name)
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._done)
         else:
             assert self._group is not None
+            self._in_flight += 1
             self._group.start_soon(self._wrap, run, arg, name=name)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("ticklock: a run task failed", exc_info=exc)
 
     async def _wrap(self, run: Run, arg: Any) -> None:
         try:
             await run(arg)
-        except Exception:  # run() records its own failures; this is a bug in ticklock
+        except Exception:
             logger.exception("ticklock: a run task failed")
         finally:
-            self.in_flight -= 1
-            if not self.in_flight:
+            self._in_flight -= 1
+            if not self._in_flight:
                 self._idle.set()
 
     async def drain(self, grace: float) -> None:
         """Wait up to ``grace`` seconds for the runs in flight, then cancel and await the rest."""
-        if self.in_flight:
-            self._idle = anyio.Event()
-            with anyio.move_on_after(grace):
-                await self._idle.wait()
-        if self._native:
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                # a handler that swallows cancellation must not hang the shutdown
-                _, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT)
-                if pending:
-                    logger.error(
-                        "ticklock: %d run(s) ignored cancellation for %.0f s and were left "
-                        "running: a handler swallows CancelledError",
-                        len(pending),
-                        CANCEL_WAIT,
-                    )
-        self._closed.set()
+        if self._loop is None:
+            if self._in_flight:
+                self._idle = anyio.Event()
+                with anyio.move_on_after(grace):
+                    await self._idle.wait()
+            self._closed.set()  # the task group cancels what is left, and waits for it
+            return
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # a handler that swallows cancellation must not hang the shutdown
+            _, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT)
+            if pending:
+                logger.error(
+                    "ticklock: %d run(s) ignored cancellation for %.0f s and were left "
+                    "running: a handler swallows CancelledError",
+                    len(pending),
+                    CANCEL_WAIT,
+                )

@@ -8,6 +8,7 @@ rolled back and recorded as ``cancelled``.
 from __future__ import annotations
 
 import json
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,7 +17,7 @@ import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import _plan
-from ._clock import Clock, SystemClock, deadline_scope, native_deadline_scope
+from ._clock import Clock, SystemClock, SystemDeadlines, deadline_scope
 from ._coordination import Attempt, Coordinator, FleetState
 from ._job import Job, JobContext, Outcome, RunResult
 from ._telemetry import JOB_ID, Telemetry, logger
@@ -59,9 +60,9 @@ class Runner:
         self.namespace = namespace
         self.owner = owner
         self.telemetry = telemetry
-        self._native_clock = type(clock) is SystemClock
+        self._deadlines = SystemDeadlines() if type(clock) is SystemClock else None
 
-    async def execute(
+    def execute(
         self,
         job: Job,
         slot: datetime | None,
@@ -69,14 +70,19 @@ class Runner:
         jitter: float = 0.0,
         *,
         manual: bool = False,
-    ) -> tuple[RunResult, FleetState | None]:
+    ) -> Coroutine[Any, Any, tuple[RunResult, FleetState | None]]:
         """Run one tick of ``job`` for ``slot`` (``None``: the slot the fleet's state gives).
 
         ``manual`` runs now (slot = now) whatever the schedule says, under the same lock,
-        watermark and recording.
+        watermark and recording. Await the result.
         """
-        if not self.telemetry.tracing():  # no SDK: skip the no-op span's context switches
-            return await self._execute(job, slot, fire_at, jitter, manual, INVALID_SPAN)
+        if not self.telemetry.tracing():  # no SDK: no span, and no coroutine layer for it
+            return self._execute(job, slot, fire_at, jitter, manual, INVALID_SPAN)
+        return self._traced(job, slot, fire_at, jitter, manual)
+
+    async def _traced(
+        self, job: Job, slot: datetime | None, fire_at: datetime | None, jitter: float, manual: bool
+    ) -> tuple[RunResult, FleetState | None]:
         with self.telemetry.tracer.start_as_current_span(
             f"ticklock.run {job.id}",
             attributes={JOB_ID: job.id},
@@ -101,8 +107,8 @@ class Runner:
         run = _Run(slot=started if manual else slot)
         attempt: Attempt | None = None
         try:
-            if self._native_clock:
-                with native_deadline_scope(deadline) as scope:
+            if self._deadlines is not None:
+                with self._deadlines.scope(deadline) as scope:
                     attempt = await self.coordinator.attempt(job.id, job.timeout)
                     await self._hold(job, attempt, run, started, deadline, manual)
                 overran = scope.cancel_called
