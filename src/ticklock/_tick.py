@@ -110,12 +110,12 @@ class Runner:
             if self._deadlines is not None:
                 with self._deadlines.scope(deadline) as scope:
                     attempt = await self.coordinator.attempt(job.id, job.timeout)
-                    await self._hold(job, attempt, run, started, deadline, manual)
+                    await self._hold(job, attempt, run, started, manual)
                 overran = scope.cancel_called
             else:
                 async with deadline_scope(clock, deadline) as scope:
                     attempt = await self.coordinator.attempt(job.id, job.timeout)
-                    await self._hold(job, attempt, run, started, deadline, manual)
+                    await self._hold(job, attempt, run, started, manual)
                 overran = scope.cancel_called
             overran = overran or clock.monotonic() >= deadline
             if overran and run.outcome in (None, Outcome.SUCCESS):
@@ -138,7 +138,6 @@ class Runner:
         attempt: Attempt,
         run: _Run,
         started: datetime,
-        deadline: float,
         manual: bool,
     ) -> None:
         if not attempt.acquired:
@@ -160,7 +159,7 @@ class Runner:
             slot=run.slot,
             previous_success=state.last_slot,
             started_at=started,
-            deadline=started + timedelta(seconds=deadline - self.clock.monotonic()),
+            deadline=started + timedelta(seconds=job.timeout),
             owner=self.owner,
             conn=attempt.conn,
             namespace=self.namespace,
