@@ -32,8 +32,21 @@ def rss() -> int:
 
 
 def cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """CPU seconds used by this process so far.
+
+    Linux: the scheduler's own count in nanoseconds (``/proc/self/task/*/schedstat``).
+    ``getrusage`` is sampled at the kernel's tick (4 ms at HZ=250), too coarse for an idle
+    process: 0.01 % of 20 s is 2 ms. Elsewhere: ``getrusage``.
+    """
+    try:
+        total = 0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
 
 
 # -- the implementations: each starts n jobs, job i first due at first[i] (wall), then every
