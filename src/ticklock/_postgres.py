@@ -7,8 +7,9 @@ the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
 
 The pool's reset of a released connection (``pg_advisory_unlock_all(); RESET ALL; ...``,
 which undoes any session state a handler set) would be one more round trip per tick. On the
-pool ticklock creates, a tick sends it in the same simple query as its COMMIT or ROLLBACK, and
-the pool's ``reset`` skips connections released clean that way. A pool the user passes keeps
+pool ticklock creates, a tick sends it in the same simple query as its COMMIT (just before
+it, inside the transaction) or its ROLLBACK (just after it), and the pool's ``reset`` skips
+connections released clean that way. A pool the user passes keeps
 its own reset.
 
 The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
@@ -115,7 +116,9 @@ class _PgAttempt:
         )
         if written != 1:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
-        await self.conn.execute("COMMIT" + c.reset_suffix)
+        # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
+        # commit, so a run is never recorded as failed after its writes committed.
+        await self.conn.execute(c.reset_query + "COMMIT")
         self._open = False
         self._clean = True
 
@@ -128,13 +131,15 @@ class _PgAttempt:
             try:
                 if self._open and not conn.is_closed():
                     # A handler had the session only if the lock was taken.
-                    await conn.execute("ROLLBACK" + (c.reset_suffix if self.acquired else ""))
+                    # after ROLLBACK: an aborted transaction accepts no other statement
+                    reset = "; " + c.reset_query if self.acquired and c.reset_query else ""
+                    await conn.execute("ROLLBACK" + reset)
                     self._open = False
                     self._clean = True
             except Exception:
                 conn.terminate()
             finally:
-                token = _RELEASED_CLEAN.set(self._clean and bool(c.reset_suffix))
+                token = _RELEASED_CLEAN.set(self._clean and bool(c.reset_query))
                 try:
                     await c.pool.release(conn)
                 finally:
@@ -160,8 +165,9 @@ class PostgresCoordinator:
         self.schema = schema
         self._clock = clock
         self._transaction_timeout = False
-        self.reset_suffix = ""
-        """Appended to a tick's COMMIT/ROLLBACK: the pool's reset, on ticklock's own pool."""
+        self.reset_query = ""
+        """The pool's session reset, sent with a tick's COMMIT/ROLLBACK on ticklock's own pool
+        (``""``: the pool resets the session itself)."""
         s = quote(schema)
         self.sql_state = (
             "SELECT last_slot, last_end, last_success_at, consecutive_failures "
@@ -230,7 +236,7 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
                 await migrate(conn, self.schema)
                 self._transaction_timeout = conn.get_server_version().major >= 17
                 if self._given_pool is None and (query := conn.get_reset_query()):
-                    self.reset_suffix = "; " + query
+                    self.reset_query = query if query.rstrip().endswith(";") else query + ";"
                 await self._check_clock(conn)
         except BaseException:
             await self.close()
