@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -36,6 +36,21 @@ def get(url: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def get_json(url: str) -> Any:
+    status, body = get(url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def until(check: Callable[[], bool], what: str, within: float = 20) -> None:
+    """Poll a real server (in another process: no clock to inject) until ``check()``."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within} s")
+        time.sleep(0.05)
 
 
 def wait_http(url: str, proc: subprocess.Popen[str], within: float = 20) -> None:
@@ -81,9 +96,8 @@ def test_fastapi_lifespan_on_a_real_uvicorn_server() -> None:
     argv = [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1"]
     with server([*argv, "--port", str(port)], {"TICKLOCK_DSN": ""}) as proc:
         wait_http(base + "/", proc)
-        time.sleep(1.5)  # the app serves requests while its job runs every second
-        status, body = get(base + "/")
-        assert status == 200 and json.loads(body)["processed"] >= 2
+        # the app serves requests while its job runs every second
+        until(lambda: get_json(base + "/")["processed"] >= 2, "two runs of the job")
         status, body = get(base + "/health")
         health = json.loads(body)
         assert status == 200 and health["tidy"]["last_success"] is not None
@@ -125,11 +139,8 @@ def test_aiohttp_cleanup_ctx_on_a_real_server() -> None:
     argv = [sys.executable, "aiohttp_app.py", "--port", str(port)]
     with server(argv, {"TICKLOCK_DSN": ""}) as proc:
         wait_http(base + "/", proc)
-        time.sleep(1.5)
-        status, body = get(base + "/health")
-        assert status == 200 and json.loads(body)["tidy"]["last_success"] is not None
-        status, body = get(base + "/")
-        assert json.loads(body)["processed"] >= 2
+        until(lambda: get_json(base + "/")["processed"] >= 2, "two runs of the job")
+        assert get_json(base + "/health")["tidy"]["last_success"] is not None
         code, out = stop(proc, signal.SIGINT)
     assert code == 0, out
 
@@ -174,17 +185,31 @@ def test_cli_help_and_usage_errors() -> None:
     assert cli("jobs", "sidecar").returncode != 0
 
 
-def test_cli_demo_prints_runs_and_stops_on_sigterm() -> None:
+def signal_after(
+    args: list[str], marker: str, count: int, sig: int, cwd: Path | None = None
+) -> tuple[int, str]:
+    """Run ``python -m ticklock ARGS``; once ``marker`` was printed ``count`` times, send
+    ``sig``; return the exit status and the whole output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ticklock", "demo"],
+        [sys.executable, "-m", "ticklock", *args],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=20)
-    assert proc.returncode == 0, out
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # the per-test timeout bounds a process that never prints it
+        lines.append(line)
+        if sum(marker in seen for seen in lines) >= count:
+            break
+    code, rest = stop(proc, sig)
+    return code, "".join(lines) + rest
+
+
+def test_cli_demo_prints_runs_and_stops_on_sigterm() -> None:
+    code, out = signal_after(["demo"], "success", 2, signal.SIGTERM)
+    assert code == 0, out
     assert "heartbeat" in out and "success" in out and "stopped cleanly" in out
 
 
@@ -197,17 +222,8 @@ def test_cli_run_sidecar_process_exits_zero_on_sigint(tmp_path: Path) -> None:
         "async def beat(ctx):\n"
         "    print('beat', ctx.slot, flush=True)\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ticklock", "run", "myjobs:scheduler"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    time.sleep(2)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=20)
-    assert proc.returncode == 0, out
+    code, out = signal_after(["run", "myjobs:scheduler"], "beat ", 3, signal.SIGINT, tmp_path)
+    assert code == 0, out
     assert out.count("beat ") >= 3
     assert "SIGINT received, shutting down" in out
 
