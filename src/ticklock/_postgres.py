@@ -65,7 +65,6 @@ class SlotAlreadyCommitted(RuntimeError):
 
 class _PgAttempt:
     __slots__ = (
-        "_clean",
         "_coordinator",
         "_job_id",
         "_open",
@@ -85,8 +84,7 @@ class _PgAttempt:
     ) -> None:
         self._coordinator = coordinator
         self._job_id = job_id
-        self._open = True
-        self._clean = False  # the session is as the pool gave it: no reset needed
+        self._open = True  # until our own COMMIT or ROLLBACK ends the transaction
         self._proxy: PoolConnectionProxy[Any] | None = proxy
         # The pool's proxy forwards every Connection method: handlers see a Connection.
         self.conn: asyncpg.Connection[Any] | None = cast("asyncpg.Connection[Any]", proxy)
@@ -120,7 +118,6 @@ class _PgAttempt:
         # commit, so a run is never recorded as failed after its writes committed.
         await self.conn.execute(c.reset_query + "COMMIT")
         self._open = False
-        self._clean = True
 
     async def close(self) -> None:
         conn, self._proxy, self.conn = self._proxy, None, None
@@ -135,11 +132,11 @@ class _PgAttempt:
                     reset = "; " + c.reset_query if self.acquired and c.reset_query else ""
                     await conn.execute("ROLLBACK" + reset)
                     self._open = False
-                    self._clean = True
             except Exception:
                 conn.terminate()
             finally:
-                token = _RELEASED_CLEAN.set(self._clean and bool(c.reset_query))
+                # ended by our own COMMIT/ROLLBACK, which carried the reset where one was due
+                token = _RELEASED_CLEAN.set(not self._open and bool(c.reset_query))
                 try:
                     await c.pool.release(conn)
                 finally:
