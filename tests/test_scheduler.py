@@ -265,6 +265,43 @@ async def test_a_timeout_on_the_system_clock_respects_shields_in_the_handler() -
     assert finished == ["shielded part"]
 
 
+async def test_timeouts_on_the_system_clock_each_fire_at_their_own_deadline() -> None:
+    # On asyncio all run timeouts share one loop timer, armed for the earliest deadline.
+    # A run with a shorter timeout started after a longer one must still be cut at its own
+    # deadline; a run that finished leaves a stale entry that must not hold up the next one.
+    scheduler = Scheduler()
+    order: list[str] = []
+    later = every(3600, initial_delay=3000)
+
+    async def hang(ctx: JobContext) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            order.append(ctx.job_id)
+
+    async def quick(ctx: JobContext) -> None:
+        order.append(ctx.job_id)
+
+    scheduler.add(hang, later, id="long", timeout=30)
+    scheduler.add(quick, later, id="quick", timeout=0.05)
+    scheduler.add(hang, later, id="short", timeout=0.3)
+    results = {}
+
+    async def run(job_id: str) -> None:
+        results[job_id] = await scheduler.run_now(job_id)
+
+    async with scheduler, anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            tg.start_soon(run, "long")
+            await anyio.wait_all_tasks_blocked()
+            await run("quick")  # its deadline, the earliest, is reached after it finished
+            await run("short")
+            assert order == ["quick", "short"]  # "long" is still running
+            tg.cancel_scope.cancel()
+    assert results["quick"].outcome is Outcome.SUCCESS
+    assert results["short"].outcome is Outcome.TIMEOUT
+
+
 async def test_shutdown_waits_for_runs_in_flight_within_the_grace() -> None:
     clock = ManualClock(T0)
     scheduler = Scheduler(clock=clock, shutdown_grace=5)

@@ -247,6 +247,7 @@ class Scheduler:
                     finally:
                         with anyio.CancelScope(shield=True):
                             await self._drain()
+                        self._runner.close()
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._coordinator.close()

@@ -62,6 +62,11 @@ class Runner:
         self.telemetry = telemetry
         self._deadlines = SystemDeadlines() if type(clock) is SystemClock else None
 
+    def close(self) -> None:
+        """Release the run timeouts' loop timer, once no run is in flight."""
+        if self._deadlines is not None:
+            self._deadlines.close()
+
     def execute(
         self,
         job: Job,
