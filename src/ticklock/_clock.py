@@ -91,12 +91,6 @@ class SystemDeadlines:
             return anyio.CancelScope(deadline=anyio.current_time() + deadline - time.monotonic())
         return _Bounded(self, deadline)
 
-    def _push(self, bounded: _Bounded) -> None:
-        deadline = bounded.deadline
-        heapq.heappush(self._heap, (deadline, self._sequence(), bounded))
-        if deadline < self._armed:
-            self._arm(deadline)
-
     def _arm(self, deadline: float) -> None:
         assert self._loop is not None
         if self._handle is not None:
@@ -136,8 +130,12 @@ class _Bounded:
         self.active: anyio.CancelScope | None = None
 
     def __enter__(self) -> anyio.CancelScope:
-        scope = self.active = self._owner._scope_class().__enter__()
-        self._owner._push(self)
+        owner = self._owner
+        scope = self.active = owner._scope_class().__enter__()
+        deadline = self.deadline
+        heapq.heappush(owner._heap, (deadline, owner._sequence(), self))
+        if deadline < owner._armed:
+            owner._arm(deadline)
         return scope
 
     def __exit__(

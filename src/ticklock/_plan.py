@@ -13,7 +13,7 @@ from ._triggers import Cron, Every, Trigger
 def after(trigger: Trigger, end: datetime) -> datetime | None:
     """The next slot by fixed delay after a run that ended at ``end``."""
     if isinstance(trigger, Every):
-        return end + timedelta(seconds=trigger.interval)
+        return end + trigger.delta
     return trigger.next_fire(end)
 
 

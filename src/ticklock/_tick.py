@@ -126,7 +126,10 @@ class Runner:
             if overran and run.outcome in (None, Outcome.SUCCESS):
                 run.fail(Outcome.TIMEOUT, None, f"timed out after {job.timeout:g} s")
             if run.outcome is Outcome.SUCCESS and attempt is not None:
-                await self._commit(job, attempt, run, started)
+                result = run.result = self._result(job, run, started)
+                await attempt.commit(result, job)
+                if run.state is not None:
+                    run.state.committed(result)
         except anyio.get_cancelled_exc_class():
             run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
             with anyio.CancelScope(shield=True):
@@ -190,12 +193,6 @@ class Runner:
             return
         run.report = report
         run.outcome = Outcome.SUCCESS
-
-    async def _commit(self, job: Job, attempt: Attempt, run: _Run, started: datetime) -> None:
-        result = run.result = self._result(job, run, started)
-        await attempt.commit(result, job)
-        if run.state is not None:
-            run.state.committed(result)
 
     def _result(self, job: Job, run: _Run, started: datetime) -> RunResult:
         assert run.outcome is not None

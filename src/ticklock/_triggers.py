@@ -28,6 +28,11 @@ class Every:
     interval: float
     jitter: float = 0.0
     initial_delay: float = 0.0
+    delta: timedelta = field(init=False, repr=False, compare=False)
+    """The interval as a ``timedelta``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delta", timedelta(seconds=self.interval))
 
     @property
     def period(self) -> float:
@@ -37,7 +42,7 @@ class Every:
     def next_fire(self, after: datetime) -> datetime:
         """The instant one interval after ``after`` (the end of the previous run), in UTC."""
         _require_aware(after)
-        return (after + timedelta(seconds=self.interval)).astimezone(timezone.utc)
+        return (after + self.delta).astimezone(timezone.utc)
 
     def describe(self) -> str:
         """A short human description, e.g. ``every 15m (jitter 30s)``."""
