@@ -186,8 +186,8 @@ def postgres_cpu(data_dir: str | None) -> float:
     return total
 
 
-async def p7(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, Any]:
-    schema = f"bench_p7_{replicas}x{jobs}"
+async def p7(dsn: str, replicas: int, jobs: int, seconds: float, pool: str) -> dict[str, Any]:
+    schema = f"bench_p7_{replicas}x{jobs}_{pool}"
     admin = await asyncpg.connect(dsn)
     await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     stats = (
@@ -198,7 +198,7 @@ async def p7(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, An
     env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 - started once, before the measured window
-            [sys.executable, str(HERE / "fleet_replica.py"), dsn, schema, str(jobs), f"r{i}"],
+            [sys.executable, str(HERE / "fleet_replica.py"), dsn, schema, str(jobs), f"r{i}", pool],
             env=env,
         )
         for i in range(replicas)
@@ -233,6 +233,7 @@ async def p7(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, An
     return {
         "replicas": replicas,
         "jobs": jobs,
+        "pool": pool,
         "seconds": elapsed,
         "committed_runs": committed,
         "runs_owed": jobs * (seconds - 2),
@@ -250,10 +251,15 @@ async def p7(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, An
 async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     report: dict[str, Any] = {"P6": await p6(dsn, 200 if args.quick else 3000)}
     print(json.dumps(report["P6"]), flush=True)
-    points = [(2, 20, 6.0)] if args.quick else [(4, 250, 60.0), (8, 250, 30.0)]
-    for replicas, jobs, seconds in points:
-        key = f"P7 {replicas}x{jobs}"
-        report[key] = await p7(dsn, replicas, jobs, seconds)
+    # "own": Scheduler(dsn), the default; "given": a pool passed with pool=
+    points = (
+        [(2, 20, 6.0, "own")]
+        if args.quick
+        else [(4, 250, 60.0, "own"), (8, 250, 30.0, "own"), (4, 250, 60.0, "given")]
+    )
+    for replicas, jobs, seconds, pool in points:
+        key = f"P7 {replicas}x{jobs}" + ("" if pool == "own" else f" {pool} pool")
+        report[key] = await p7(dsn, replicas, jobs, seconds, pool)
         print(json.dumps(report[key], default=str), flush=True)
     return report
 
