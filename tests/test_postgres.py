@@ -40,7 +40,7 @@ async def test_a_handler_that_writes_then_raises_leaves_nothing_and_is_recorded(
 ) -> None:
     scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
 
-    @scheduler.job(every(3600), id="crashy")
+    @scheduler.job(every(3600, initial_delay=3000), id="crashy")
     async def crashy(ctx: JobContext) -> None:
         assert ctx.conn is not None
         await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'x')", ctx.slot)
@@ -68,7 +68,7 @@ async def test_success_commits_writes_watermark_and_record_together(
 ) -> None:
     scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
 
-    @scheduler.job(every(3600), id="writer")
+    @scheduler.job(every(3600, initial_delay=3000), id="writer")
     async def writer(ctx: JobContext) -> dict[str, str]:
         assert ctx.conn is not None
         await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'ok')", ctx.slot)
@@ -124,7 +124,7 @@ async def test_session_state_a_handler_leaves_is_reset_before_the_next_tick(
     seen: list[tuple[int, str, int, list[str]]] = []
     fail = [False]
 
-    @scheduler.job(every(3600), id="dirty", timeout=5)
+    @scheduler.job(every(3600, initial_delay=3000), id="dirty", timeout=5)
     async def dirty(ctx: JobContext) -> None:
         conn = ctx.conn
         assert conn is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import random
 from datetime import datetime, timedelta
 
@@ -300,6 +301,32 @@ async def test_timeouts_on_the_system_clock_each_fire_at_their_own_deadline() ->
             tg.cancel_scope.cancel()
     assert results["quick"].outcome is Outcome.SUCCESS
     assert results["short"].outcome is Outcome.TIMEOUT
+
+
+async def test_each_run_has_its_own_task_and_context() -> None:
+    # Runs due together start in one pass of the dispatcher (eagerly on Python 3.12+, where a
+    # run that never suspends finishes inside that pass): each must still run in a task of
+    # its own, with its own copy of the context variables.
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[tuple[str, str, str]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        seen.append((ctx.job_id, var.get(), anyio.get_current_task().name))
+        var.set(ctx.job_id)  # never awaits: on 3.12+ it finishes in its eager first step
+
+    for job_id in ("a", "b", "c"):
+        scheduler.add(handler, every(10), id=job_id)
+    async with scheduler:
+        await clock.advance(0)
+        await clock.advance(10)
+    values = [(job, value) for job, value, _ in seen]
+    assert (
+        sorted(values[:3]) == sorted(values[3:]) == [("a", "unset"), ("b", "unset"), ("c", "unset")]
+    )
+    assert {name for *_, name in seen} == {f"ticklock.run {job}" for job in "abc"}
+    assert var.get() == "unset"
 
 
 async def test_shutdown_waits_for_runs_in_flight_within_the_grace() -> None:

@@ -138,6 +138,7 @@ class Dispatcher:
     async def _serve(self, sleep_until: Callable[[float], Awaitable[None]]) -> NoReturn:
         clock = self._clock
         heap = self._heap
+        due: list[Entry] = []
         while True:
             now_m = clock.monotonic()
             now = clock.now() if self.cron_jobs else None
@@ -154,7 +155,12 @@ class Dispatcher:
                     heapq.heappush(heap, (entry.deadline, generation, entry))
                     continue
                 entry.running = True
+                due.append(entry)
+            # Spawned after the pass: a run that starts eagerly may finish and reschedule its
+            # job at once, and a deadline it sets is served by the next pass, not this one.
+            for entry in due:
                 self._spawn(entry)
+            due.clear()
             until = heap[0][0] if heap else math.inf
             if self.cron_jobs:
                 until = min(until, now_m + WALL_WATCH)

@@ -4,12 +4,17 @@ Runs must not be cancelled when the scheduler is (that is what the grace is for)
 not live in the scheduler's own cancel scope. On asyncio each run is a native task owned by
 this group (starting an anyio task costs about 25 µs, a native one about 5: it was the largest
 cost of a tick); on other backends, an anyio task group held open in a shielded task.
+
+On Python 3.12+ a run's task starts eagerly: its first step runs at once, in the task's own
+context, and a run that never suspends (most local-mode runs) finishes without being
+scheduled on the loop at all (about 4 µs less a run on P4).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,6 +25,8 @@ logger = logging.getLogger("ticklock")
 Run = Callable[[Any], Coroutine[Any, Any, None]]
 CANCEL_WAIT = 10.0
 """Seconds a cancelled run may take to roll back and record itself at shutdown."""
+EAGER = sys.version_info >= (3, 12)
+"""Whether run tasks start eagerly (``asyncio.Task(..., eager_start=True)``, Python 3.12+)."""
 
 
 class Runs:
@@ -53,7 +60,13 @@ class Runs:
     def start(self, run: Run, arg: Any, name: str) -> None:
         """Start ``run(arg)`` in a task of its own (``run`` records its own failures)."""
         if self._loop is not None:
-            task = self._loop.create_task(run(arg), name=name)
+            if EAGER:
+                task = asyncio.Task(run(arg), loop=self._loop, name=name, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+                if task.done():  # it never suspended
+                    self._done(task)
+                    return
+            else:
+                task = self._loop.create_task(run(arg), name=name)
             self._tasks.add(task)
             task.add_done_callback(self._done)
         else:
