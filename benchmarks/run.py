@@ -4,8 +4,9 @@
     python -m benchmarks.run --quick    # seconds: proves the benchmarks still work (CI)
 
 Peers are installed from PyPI into their own virtual environments under
-``benchmarks/.venvs`` (APScheduler 3.11, APScheduler 4.0.0a6, aiocron 2.1); the naive baseline
-(one asyncio task per job: sleep, run) and ticklock run in this interpreter's environment.
+``benchmarks/.venvs/py3.X`` (APScheduler 3.11, APScheduler 4.0.0a6, aiocron 2.1), made with the
+Python that runs this script; the naive baseline (one asyncio task per job: sleep, run) and
+ticklock run in this interpreter's environment. So every implementation runs on one Python.
 Implementations are interleaved (A B C A B C ...) and repeated, because shared machines are
 noisy; the report quotes medians with min-max spreads, and ratios to the naive baseline.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
-VENVS = HERE / ".venvs"
+VENVS = HERE / ".venvs" / f"py{sys.version_info.major}.{sys.version_info.minor}"  # per Python
 RESULTS = HERE / "results"
 PEERS = {
     "aps3": "APScheduler==3.11.*",
