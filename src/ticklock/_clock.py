@@ -64,10 +64,13 @@ class SystemDeadlines:
 
     On asyncio, every scope is an anyio cancel scope *without* a deadline (so shields inside
     a handler still hold), and one loop timer, armed for the earliest deadline of all scopes
-    in flight, cancels each scope whose deadline has passed. A scope that exits leaves its
-    entry in the heap, marked done, to be dropped when it reaches the top. This costs a heap
-    push per run, where ``CancelScope(deadline=...)`` or a loop timer per scope cost 3-5 µs
-    (measured A/B on P4). Elsewhere (trio) the scope's own deadline is cheap.
+    in flight, cancels each scope whose deadline has passed. A scope that exits is marked
+    done; its heap entry is dropped at once if it is the earliest, else when it becomes so.
+    The heap thus holds the scopes in flight plus those that finished after one still running
+    with an earlier deadline, and the timer stays armed (it may fire for nothing, then
+    re-arms). This costs a heap push and pop per run, where ``CancelScope(deadline=...)`` or a
+    loop timer per scope cost 3-5 µs (measured A/B on P4). Elsewhere (trio) the scope's own
+    deadline is cheap.
     """
 
     __slots__ = ("_armed", "_handle", "_heap", "_loop", "_scope_class", "_sequence")
@@ -146,7 +149,12 @@ class _Bounded:
     ) -> bool:
         scope = self.active
         assert scope is not None
-        self.active = None  # done: its heap entry is dropped when it reaches the top
+        self.active = None  # done: its heap entry is dropped once it is at the top
+        heap = self._owner._heap
+        if heap and heap[0][2] is self:  # drop it now, and the finished entries under it
+            heapq.heappop(heap)
+            while heap and heap[0][2].active is None:
+                heapq.heappop(heap)
         return scope.__exit__(exc_type, exc, tb)
 
 
