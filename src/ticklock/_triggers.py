@@ -7,6 +7,7 @@ scheduler draws it per run.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -14,6 +15,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from . import _cron
 from ._durations import Duration, seconds
 from ._errors import ScheduleError
+
+
+@functools.lru_cache(maxsize=1024)
+def _delta(seconds: float) -> timedelta:
+    """``timedelta(seconds=seconds)``, one object per interval: jobs that share an interval
+    share it (a timedelta per job would cost 48 bytes each; P3)."""
+    return timedelta(seconds=seconds)
 
 
 def _require_aware(after: datetime) -> None:
@@ -32,7 +40,7 @@ class Every:
     """The interval as a ``timedelta``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "delta", timedelta(seconds=self.interval))
+        object.__setattr__(self, "delta", _delta(self.interval))
 
     @property
     def period(self) -> float:
