@@ -98,10 +98,18 @@ def plot(series: dict[str, list[tuple[int, float]]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("results", type=Path)
+    parser.add_argument(
+        "results",
+        type=Path,
+        nargs="+",
+        help="result files; a later file's workloads replace an earlier one's (a re-run of "
+        "some workloads with --only)",
+    )
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
-    report = json.loads(args.results.read_text())
+    report = json.loads(args.results[0].read_text())
+    for later in args.results[1:]:
+        report["results"].update(json.loads(later.read_text())["results"])
     print(comparison(report))
     print()
     table, series = scaling(report)
