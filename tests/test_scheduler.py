@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import random
 from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -446,3 +447,35 @@ async def test_a_handler_that_blocks_the_event_loop_is_warned_about(
     warnings = [r.getMessage() for r in caplog.records if "event loop was blocked" in r.message]
     assert warnings and "anyio.to_thread.run_sync" in warnings[0]
     assert max(beats) > 1.0  # the lateness of the other job shows it too
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_runs_come_from_the_loops_task_factory_when_it_has_one() -> None:
+    # Instrumentation sets a task factory; runs must not bypass it (eager start on 3.12+
+    # builds tasks directly, so it is used only without a factory).
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        made.append(task)
+        return task
+
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    ran: list[str] = []
+
+    @scheduler.job(every(10), id="instrumented")
+    async def instrumented(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    loop.set_task_factory(factory)
+    try:
+        async with scheduler:
+            await clock.advance(0)
+    finally:
+        loop.set_task_factory(None)
+    assert ran == ["instrumented"]
+    assert "ticklock.run instrumented" in [task.get_name() for task in made]

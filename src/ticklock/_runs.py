@@ -7,7 +7,8 @@ cost of a tick); on other backends, an anyio task group held open in a shielded 
 
 On Python 3.12+ a run's task starts eagerly: its first step runs at once, in the task's own
 context, and a run that never suspends (most local-mode runs) finishes without being
-scheduled on the loop at all (about 4 µs less a run on P4).
+scheduled on the loop at all (about 4 µs less a run on P4). A loop with a task factory of its
+own (instrumentation, say) gets its tasks from that factory, not eagerly.
 """
 
 from __future__ import annotations
@@ -59,14 +60,15 @@ class Runs:
 
     def start(self, run: Run, arg: Any, name: str) -> None:
         """Start ``run(arg)`` in a task of its own (``run`` records its own failures)."""
-        if self._loop is not None:
-            if EAGER:
-                task = asyncio.Task(run(arg), loop=self._loop, name=name, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+        loop = self._loop
+        if loop is not None:
+            if EAGER and loop.get_task_factory() is None:  # a loop's task factory is honoured
+                task = asyncio.Task(run(arg), loop=loop, name=name, eager_start=True)  # type: ignore[call-arg,unused-ignore]
                 if task.done():  # it never suspended
                     self._done(task)
                     return
             else:
-                task = self._loop.create_task(run(arg), name=name)
+                task = loop.create_task(run(arg), name=name)
             self._tasks.add(task)
             task.add_done_callback(self._done)
         else:
