@@ -94,6 +94,21 @@ class SystemDeadlines:
             return anyio.CancelScope(deadline=anyio.current_time() + deadline - time.monotonic())
         return _Bounded(self, deadline)
 
+    def _add(self, bounded: _Bounded) -> None:
+        deadline = bounded.deadline
+        heapq.heappush(self._heap, (deadline, self._sequence(), bounded))
+        if deadline < self._armed:
+            self._arm(deadline)
+
+    def _remove(self, bounded: _Bounded) -> None:
+        # done: its entry goes now if it is the earliest, with the finished ones under it,
+        # else once it becomes the earliest
+        heap = self._heap
+        if heap and heap[0][2] is bounded:
+            heapq.heappop(heap)
+            while heap and heap[0][2].active is None:
+                heapq.heappop(heap)
+
     def _arm(self, deadline: float) -> None:
         assert self._loop is not None
         if self._handle is not None:
@@ -133,12 +148,8 @@ class _Bounded:
         self.active: anyio.CancelScope | None = None
 
     def __enter__(self) -> anyio.CancelScope:
-        owner = self._owner
-        scope = self.active = owner._scope_class().__enter__()
-        deadline = self.deadline
-        heapq.heappush(owner._heap, (deadline, owner._sequence(), self))
-        if deadline < owner._armed:
-            owner._arm(deadline)
+        scope = self.active = self._owner._scope_class().__enter__()
+        self._owner._add(self)
         return scope
 
     def __exit__(
@@ -149,12 +160,8 @@ class _Bounded:
     ) -> bool:
         scope = self.active
         assert scope is not None
-        self.active = None  # done: its heap entry is dropped once it is at the top
-        heap = self._owner._heap
-        if heap and heap[0][2] is self:  # drop it now, and the finished entries under it
-            heapq.heappop(heap)
-            while heap and heap[0][2].active is None:
-                heapq.heappop(heap)
+        self.active = None
+        self._owner._remove(self)
         return scope.__exit__(exc_type, exc, tb)
 
 

@@ -9,8 +9,7 @@ The pool's reset of a released connection (``pg_advisory_unlock_all(); RESET ALL
 which undoes any session state a handler set) would be one more round trip per tick. On the
 pool ticklock creates, a tick sends it in the same simple query as its COMMIT (just before
 it, inside the transaction) or its ROLLBACK (just after it), and the pool's ``reset`` skips
-connections released clean that way. A pool the user passes keeps
-its own reset.
+connections released clean that way. A pool the user passes keeps its own reset.
 
 The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
 ROLLBACK or the end of the session, never by a timer, and it works through transaction-mode
