@@ -275,12 +275,13 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
     def _begin_sql(self, job_id: str, budget: float) -> str:
         ms = int((budget + SERVER_GRACE) * 1000)
         key = lock_key(self.namespace, job_id)  # an int we computed: safe to inline
-        limits = (
-            f"SET LOCAL statement_timeout = {ms}; "
-            f"SET LOCAL idle_in_transaction_session_timeout = {ms}; "
-        )
-        if self._transaction_timeout:
-            limits += f"SET LOCAL transaction_timeout = {ms}; "
+        if self._transaction_timeout:  # PG 17+: bounds the whole transaction, idle or busy
+            limits = f"SET LOCAL transaction_timeout = {ms}; "
+        else:
+            limits = (
+                f"SET LOCAL statement_timeout = {ms}; "
+                f"SET LOCAL idle_in_transaction_session_timeout = {ms}; "
+            )
         # The status tag of the last statement says whether the lock was taken: "SELECT 1"
         # or "SELECT 0". No error is raised for a held lock, so the server logs nothing.
         return f"BEGIN; {limits}SELECT 1 WHERE pg_try_advisory_xact_lock({key})"
