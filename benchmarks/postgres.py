@@ -11,7 +11,8 @@ watermark statement; one insert; COMMIT, on a dedicated connection (the strict f
 through a pool of its own (a checkout, and asyncpg's session reset on release). Round trips
 are counted by a connection class that counts the statements each tick sends (prepared
 statements are cached after the first tick, so one statement is one round trip), including a
-separate session reset if the pool ran one.
+separate session reset if the pool ran one. A second pair: a handler that runs one statement
+on ``ctx.conn`` (so its tick carries the session reset) against the floor plus that statement.
 
 P7: replica processes x the same ``every(1 s)`` jobs against one database: slots committed
 twice, the longest gap between consecutive runs of a job, fleet lateness, transactions per
@@ -73,18 +74,26 @@ def pct(values: list[float], p: float) -> float:
 
 
 async def p6(dsn: str, ticks: int) -> dict[str, Any]:
-    # ticklock runs on the pool it creates itself (the default); the benchmark only gives that
-    # pool the counting connection class.
-    create_pool = asyncpg.create_pool
-    asyncpg.create_pool = partial(create_pool, connection_class=CountingConnection)  # type: ignore[assignment]
+    # ticklock runs on the pool it creates itself (the default), with plain connections; the
+    # round trips are counted afterwards by a second scheduler whose connections count them.
     schema = "bench_p6"
-    scheduler = Scheduler(dsn, schema=schema, shutdown_grace=1)
 
-    @scheduler.job(every(3600), id="empty")
     async def empty(ctx: JobContext) -> None:
         pass
 
-    async def floor_tick(conn: Any) -> None:
+    async def touch(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute("SELECT 1")  # a handler that uses its connection pays the reset
+
+    def build() -> Scheduler:
+        scheduler = Scheduler(dsn, schema=schema, shutdown_grace=1)
+        scheduler.job(every(3600), id="empty")(empty)
+        scheduler.job(every(3600), id="touch")(touch)
+        return scheduler
+
+    scheduler = build()
+
+    async def floor_tick(conn: Any, touch: bool = False) -> None:
         await conn.execute("BEGIN")
         await conn.fetchrow(
             f"SELECT pg_try_advisory_xact_lock($1), (SELECT last_slot FROM {schema}.jobs "
@@ -93,6 +102,8 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
             "default",
             "empty",
         )
+        if touch:
+            await conn.execute("SELECT 1")
         await conn.execute(
             f"INSERT INTO {schema}.runs (namespace, job_id, slot, started_at, finished_at, "
             "outcome, owner) VALUES ('floor', 'x', now(), now(), now(), 'success', 'bench')"
@@ -102,36 +113,53 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
     tick_ms: list[float] = []
     floor_ms: list[float] = []
     pooled_ms: list[float] = []
+    touch_ms: list[float] = []
+    touch_floor_ms: list[float] = []
+    async with scheduler:
+        direct = await asyncpg.connect(dsn)
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+        await asyncio.sleep(0.2)  # the scheduled first tick
+        for _ in range(20):  # warm up: prepare the statements
+            await scheduler.run_now("empty")
+            await floor_tick(direct)
+            async with pool.acquire() as conn:
+                await floor_tick(conn)
+        for _ in range(ticks):  # interleaved: a tick, a floor tick, a pooled floor tick
+            t0 = time.perf_counter()
+            result = await scheduler.run_now("empty")
+            tick_ms.append((time.perf_counter() - t0) * 1000)
+            assert result.outcome is Outcome.SUCCESS, result
+            t0 = time.perf_counter()
+            await floor_tick(direct)
+            floor_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()  # a pool's checkout and its reset on release
+            async with pool.acquire() as conn:
+                await floor_tick(conn)
+            pooled_ms.append((time.perf_counter() - t0) * 1000)
+        for _ in range(ticks // 2):  # a handler running one statement, and the floor's twin
+            t0 = time.perf_counter()
+            result = await scheduler.run_now("touch")
+            touch_ms.append((time.perf_counter() - t0) * 1000)
+            assert result.outcome is Outcome.SUCCESS, result
+            t0 = time.perf_counter()
+            await floor_tick(direct, touch=True)
+            touch_floor_ms.append((time.perf_counter() - t0) * 1000)
+        await direct.close()
+        await pool.close()
+    connect = asyncpg.connect
+    asyncpg.connect = partial(connect, connection_class=CountingConnection)  # type: ignore[assignment]
     try:
+        scheduler = build()
         async with scheduler:
-            asyncpg.create_pool = create_pool  # type: ignore[assignment]
-            direct = await asyncpg.connect(dsn)
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
-            await asyncio.sleep(0.2)  # the scheduled first tick
-            for _ in range(20):  # warm up: prepare the statements
+            await asyncio.sleep(0.2)  # the scheduled first ticks
+            for _ in range(5):  # prepare the statements on the connection on top
                 await scheduler.run_now("empty")
-                await floor_tick(direct)
-                async with pool.acquire() as conn:
-                    await floor_tick(conn)
-            for _ in range(ticks):  # interleaved: a tick, a floor tick, a pooled floor tick
-                t0 = time.perf_counter()
-                result = await scheduler.run_now("empty")
-                tick_ms.append((time.perf_counter() - t0) * 1000)
-                assert result.outcome is Outcome.SUCCESS, result
-                t0 = time.perf_counter()
-                await floor_tick(direct)
-                floor_ms.append((time.perf_counter() - t0) * 1000)
-                t0 = time.perf_counter()  # a pool's checkout and its reset on release
-                async with pool.acquire() as conn:
-                    await floor_tick(conn)
-                pooled_ms.append((time.perf_counter() - t0) * 1000)
-            await direct.close()
-            await pool.close()
+            asyncpg.connect = connect  # type: ignore[assignment]
             # round trips of one tick that runs, one that is locked, one that skips
             CountingConnection.statements = CountingConnection.resets = 0
-            await scheduler.run_now("empty")
+            last = await scheduler.run_now("empty")
             runs, resets = CountingConnection.statements, CountingConnection.resets
-            holder = await asyncpg.connect(dsn)
+            holder = await connect(dsn)
             await holder.execute("BEGIN")
             await holder.execute("SELECT pg_advisory_xact_lock($1)", lock_key("default", "empty"))
             CountingConnection.statements = 0
@@ -144,13 +172,14 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
             assert runner is not None
             job = scheduler.jobs["empty"]
             CountingConnection.statements = 0
-            skipped, _ = await runner.execute(job, result.slot)  # a slot the fleet has passed
+            skipped, _ = await runner.execute(job, last.slot)  # a slot the fleet has passed
             skipped_trips = CountingConnection.statements
             assert skipped.outcome is Outcome.SKIPPED, skipped
             resets += CountingConnection.resets
     finally:
-        asyncpg.create_pool = create_pool  # type: ignore[assignment]
+        asyncpg.connect = connect  # type: ignore[assignment]
     p50, floor50, pooled50 = (statistics.median(v) for v in (tick_ms, floor_ms, pooled_ms))
+    touch50, touch_floor50 = statistics.median(touch_ms), statistics.median(touch_floor_ms)
     return {
         "ticks": ticks,
         "tick_p50_ms": p50,
@@ -161,6 +190,9 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
         "pooled_floor_p99_ms": pct(pooled_ms, 0.99),
         "ratio_p50": p50 / floor50,
         "ratio_p50_pooled": p50 / pooled50,
+        "touching_tick_p50_ms": touch50,
+        "touching_floor_p50_ms": touch_floor50,
+        "ratio_p50_touching": touch50 / touch_floor50,
         "round_trips_run": runs,
         "round_trips_locked": locked_trips,
         "round_trips_skipped": skipped_trips,

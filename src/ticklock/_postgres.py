@@ -5,11 +5,11 @@ query, (2) read the fleet state (a fresh snapshot, taken after the lock), then t
 (3) the watermark + success + run record in one statement, (4) ``COMMIT``. A tick that finds
 the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
 
-The pool's reset of a released connection (``pg_advisory_unlock_all(); RESET ALL; ...``,
+The session reset of a released connection (``pg_advisory_unlock_all(); RESET ALL; ...``,
 which undoes any session state a handler set) would be one more round trip per tick. On the
-pool ticklock creates, a tick sends it in the same simple query as its COMMIT (just before
-it, inside the transaction) or its ROLLBACK (just after it), and the pool's ``reset`` skips
-connections released clean that way. A pool the user passes keeps its own reset.
+pool ticklock creates (:mod:`ticklock._pgpool`), a tick sends it in the same simple query as
+its COMMIT (just before it, inside the transaction) or its ROLLBACK (just after it), and the
+connection goes back to the pool at once. A pool the user passes keeps its own reset.
 
 The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
 ROLLBACK or the end of the session, never by a timer, and it works through transaction-mode
@@ -19,9 +19,12 @@ poolers. ``SET LOCAL`` timeouts make the server end the session of a holder that
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from contextvars import ContextVar
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +34,7 @@ from ._clock import Clock
 from ._coordination import FleetState
 from ._job import Job, Outcome, RunResult
 from ._lock_key import lock_key
+from ._pgpool import ConnectionLease, ConnectionPool
 from ._plan import overdue_at
 from ._schema import migrate, quote
 
@@ -49,13 +53,6 @@ CLEANUP_SECONDS = 5.0
 """How long cleanup (commit, rollback, release, failure record) may take, shielded."""
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
-_RELEASED_CLEAN: ContextVar[bool] = ContextVar("ticklock_released_clean", default=False)
-"""Set around a release whose session a tick already reset (the pool's reset task copies it)."""
-
-
-def _shielded() -> anyio.CancelScope:
-    """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
-    return anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS)
 
 
 class SlotAlreadyCommitted(RuntimeError):
@@ -64,10 +61,10 @@ class SlotAlreadyCommitted(RuntimeError):
 
 class _PgAttempt:
     __slots__ = (
+        "_con",
         "_coordinator",
         "_job_id",
         "_open",
-        "_proxy",
         "acquired",
         "conn",
         "state",
@@ -77,30 +74,29 @@ class _PgAttempt:
         self,
         coordinator: PostgresCoordinator,
         job_id: str,
-        proxy: PoolConnectionProxy[Any],
-        acquired: bool,
-        state: FleetState,
+        con: asyncpg.Connection[Any],
+        view: asyncpg.Connection[Any],
     ) -> None:
         self._coordinator = coordinator
         self._job_id = job_id
         self._open = True  # until our own COMMIT or ROLLBACK ends the transaction
-        self._proxy: PoolConnectionProxy[Any] | None = proxy
-        # The pool's proxy forwards every Connection method: handlers see a Connection.
-        self.conn: asyncpg.Connection[Any] | None = cast("asyncpg.Connection[Any]", proxy)
-        self.acquired = acquired
-        self.state = state
+        self._con: asyncpg.Connection[Any] | None = con
+        # What the handler gets: a lease on ticklock's own pool, asyncpg's proxy on a given one.
+        self.conn: asyncpg.Connection[Any] | None = view
+        self.acquired = False
+        self.state = FleetState()
 
     async def commit(self, result: RunResult, job: Job) -> None:
         report = None if result.report is None else json.dumps(result.report)
-        with _shielded():
+        with self._coordinator.shielded():
             await self._write(result, report, overdue_at(job, result.finished_at))
 
     async def _write(
         self, result: RunResult, report: str | None, overdue_at: datetime | None
     ) -> None:
-        assert self.conn is not None
+        assert self._con is not None
         c = self._coordinator
-        written = await self.conn.fetchval(
+        written = await self._con.fetchval(
             c.sql_commit,
             c.namespace,
             self._job_id,
@@ -115,31 +111,42 @@ class _PgAttempt:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
         # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
         # commit, so a run is never recorded as failed after its writes committed.
-        await self.conn.execute(c.reset_query + "COMMIT")
+        await self._con.execute(self._reset(self.conn) + "COMMIT")
         self._open = False
 
+    def _reset(self, view: object) -> str:
+        """The session reset this tick needs: none on a given pool (it resets on release),
+        none if the handler never touched the connection (only ticklock's statements ran)."""
+        if isinstance(view, ConnectionLease) and view.used:
+            return self._coordinator.reset_query
+        return ""
+
     async def close(self) -> None:
-        conn, self._proxy, self.conn = self._proxy, None, None
-        if conn is None:
+        con, view, self._con, self.conn = self._con, self.conn, None, None
+        if con is None:
             return
         c = self._coordinator
-        with _shielded():
+        own = c.own_pool
+        if own is not None and not self._open:  # our COMMIT ended it, with the reset
+            cast(ConnectionLease, view).end()
+            own.release(con, clean=True)
+            return
+        with c.shielded():
             try:
-                if self._open and not conn.is_closed():
-                    # A handler had the session only if the lock was taken.
+                if self._open and not con.is_closed():
                     # after ROLLBACK: an aborted transaction accepts no other statement
-                    reset = "; " + c.reset_query if self.acquired and c.reset_query else ""
-                    await conn.execute("ROLLBACK" + reset)
+                    reset = self._reset(view)
+                    await con.execute("ROLLBACK" + (reset and "; " + reset))
                     self._open = False
             except Exception:
-                conn.terminate()
+                con.terminate()
             finally:
-                # ended by our own COMMIT/ROLLBACK, which carried the reset where one was due
-                token = _RELEASED_CLEAN.set(not self._open and bool(c.reset_query))
-                try:
-                    await c.pool.release(conn)
-                finally:
-                    _RELEASED_CLEAN.reset(token)
+                if own is not None:
+                    cast(ConnectionLease, view).end()
+                    own.release(con, clean=not self._open)
+                else:  # asyncpg's pool: its release rolls back and resets what is left
+                    assert c.given_pool is not None
+                    await c.given_pool.release(cast("PoolConnectionProxy[Any]", con))
 
 
 class PostgresCoordinator:
@@ -155,15 +162,20 @@ class PostgresCoordinator:
         clock: Clock,
     ) -> None:
         self._dsn = dsn
-        self._given_pool = pool
-        self._pool: asyncpg.Pool[Any] | None = None
+        self.given_pool = pool
+        """A pool the user passed (ticks use it; it is never closed here)."""
+        self.own_pool: ConnectionPool | None = None
+        """The pool ticklock opened from ``dsn``, while the coordinator is open."""
         self.namespace = namespace
         self.schema = schema
         self._clock = clock
         self._transaction_timeout = False
+        self._begin: dict[tuple[str, float], str] = {}  # (job id, budget): the tick's BEGIN
+        self._scope_class = anyio.CancelScope
+        self._loop_time = time.monotonic
         self.reset_query = ""
-        """The pool's session reset, sent with a tick's COMMIT/ROLLBACK on ticklock's own pool
-        (``""``: the pool resets the session itself)."""
+        """The session reset, sent with a tick's COMMIT/ROLLBACK on ticklock's own pool
+        (``""`` on a given pool, which resets the session itself)."""
         s = quote(schema)
         self.sql_state = (
             "SELECT last_slot, last_end, last_success_at, consecutive_failures "
@@ -210,39 +222,45 @@ WITH j AS (
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error)
 VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
-    @property
-    def pool(self) -> asyncpg.Pool[Any]:
-        """The pool ticks take their connection from."""
-        assert self._pool is not None, "the coordinator is not open"
-        return self._pool
-
     async def open(self) -> None:
         """Create the pool (unless one was given), migrate, and check the clock."""
-        import asyncpg
-
-        if self._given_pool is not None:
-            self._pool = self._given_pool
-        else:
-            self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=10, reset=self._reset
-            )
+        # asyncpg runs on asyncio: the shielded scopes take the backend's class and the loop's
+        # clock directly instead of looking the backend up for every scope
+        self._scope_class = type(anyio.CancelScope())
+        self._loop_time = asyncio.get_running_loop().time
+        if self.given_pool is None:
+            self.own_pool = ConnectionPool(self._dsn, max_size=10)
         try:
-            async with self._pool.acquire() as proxy:
-                conn = cast("asyncpg.Connection[Any]", proxy)
+            async with self._connection() as conn:
                 await migrate(conn, self.schema)
                 self._transaction_timeout = conn.get_server_version().major >= 17
-                if self._given_pool is None and (query := conn.get_reset_query()):
+                if self.own_pool is not None and (query := conn.get_reset_query()):
                     self.reset_query = query if query.rstrip().endswith(";") else query + ";"
                 await self._check_clock(conn)
         except BaseException:
             await self.close()
             raise
 
-    @staticmethod
-    async def _reset(conn: asyncpg.Connection[Any]) -> None:
-        """The reset of ticklock's own pool: asyncpg's, unless a tick already sent it."""
-        if not _RELEASED_CLEAN.get() and (query := conn.get_reset_query()):
-            await conn.execute(query)
+    def shielded(self) -> anyio.CancelScope:
+        """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
+        return self._scope_class(shield=True, deadline=self._loop_time() + CLEANUP_SECONDS)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
+        """A connection for ticklock's own statements outside a tick (no session state)."""
+        if self.own_pool is None:
+            assert self.given_pool is not None, "the coordinator is not open"
+            async with self.given_pool.acquire() as proxy:
+                yield cast("asyncpg.Connection[Any]", proxy)
+            return
+        pool = self.own_pool
+        con = await pool.acquire()
+        clean = False
+        try:
+            yield con
+            clean = True
+        finally:
+            pool.release(con, clean)
 
     async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
         before = self._clock.now()
@@ -259,20 +277,24 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def close(self) -> None:
         """Close the pool if ticklock created it (a pool the user passed stays open)."""
-        pool, self._pool = self._pool, None
-        if pool is not None and self._given_pool is None:
-            with anyio.move_on_after(10, shield=True) as scope:
-                await pool.close()
-            if scope.cancelled_caught:
-                pool.terminate()
+        pool, self.own_pool = self.own_pool, None
+        if pool is not None:
+            await pool.close()
 
     async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
         """Register the jobs (a row each, if new) and read the namespace's fleet state."""
-        await self.pool.execute(self.sql_register, self.namespace, list(jobs), list(jobs.values()))
-        rows = await self.pool.fetch(self.sql_load, self.namespace)
+        async with self._connection() as conn:
+            await conn.execute(self.sql_register, self.namespace, list(jobs), list(jobs.values()))
+            rows = await conn.fetch(self.sql_load, self.namespace)
         return {row["job_id"]: FleetState(*tuple(row)[1:]) for row in rows}
 
     def _begin_sql(self, job_id: str, budget: float) -> str:
+        sql = self._begin.get((job_id, budget))
+        if sql is None:
+            sql = self._begin[job_id, budget] = self._make_begin(job_id, budget)
+        return sql
+
+    def _make_begin(self, job_id: str, budget: float) -> str:
         ms = int((budget + SERVER_GRACE) * 1000)
         key = lock_key(self.namespace, job_id)  # an int we computed: safe to inline
         if self._transaction_timeout:  # PG 17+: bounds the whole transaction, idle or busy
@@ -288,8 +310,13 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
-        conn = await self.pool.acquire()
-        attempt = _PgAttempt(self, job_id, conn, False, FleetState())
+        if self.own_pool is not None:
+            conn = await self.own_pool.acquire()
+            view = cast("asyncpg.Connection[Any]", ConnectionLease(conn))
+        else:
+            assert self.given_pool is not None, "the coordinator is not open"
+            conn = view = cast("asyncpg.Connection[Any]", await self.given_pool.acquire())
+        attempt = _PgAttempt(self, job_id, conn, view)
         try:
             status = await conn.execute(self._begin_sql(job_id, budget))
             if status != "SELECT 1":
@@ -305,21 +332,22 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def record_failure(self, result: RunResult) -> None:
         """Record a run that did not commit, in its own short transaction."""
-        with _shielded():
+        with self.shielded():
             await self._record(result)
 
     async def _record(self, result: RunResult) -> None:
-        await self.pool.execute(
-            self.sql_failure,
-            self.namespace,
-            result.job_id,
-            result.slot,
-            result.finished_at,
-            result.started_at,
-            result.outcome.value,
-            result.owner,
-            result.error,
-        )
+        async with self._connection() as conn:
+            await conn.execute(
+                self.sql_failure,
+                self.namespace,
+                result.job_id,
+                result.slot,
+                result.finished_at,
+                result.started_at,
+                result.outcome.value,
+                result.owner,
+                result.error,
+            )
 
     def classify(self, exc: BaseException) -> Outcome | None:
         """``ERROR`` when ``exc`` means the session or the server was lost."""

@@ -1,0 +1,121 @@
+"""The connections ticklock opens itself from a DSN: a small pool whose release does not wait.
+
+A tick ends its own transaction with a COMMIT or ROLLBACK that carries the session reset, so
+its connection comes back clean and can go straight back on the idle stack. asyncpg's
+``Pool.release`` would run a task under ``asyncio.shield`` (two more passes of the event
+loop) and a reset of its own on every tick; a pool the user passes keeps that behaviour.
+
+Idle connections are reused last-in first-out, so a quiet scheduler keeps using the same one;
+those that stay unused for :data:`MAX_IDLE` seconds are closed when a later one comes back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    _Base = object
+else:
+    import asyncpg.connection
+
+    # Lets isinstance(lease, asyncpg.Connection) hold, as it does for asyncpg's pool proxy.
+    _Base = getattr(asyncpg.connection, "_ConnectionProxy", object)
+
+MAX_IDLE = 300.0
+"""Seconds an idle connection (other than the most recently used) is kept open."""
+
+
+class ConnectionLease(_Base):
+    """A tick's connection as its handler sees it (``ctx.conn``).
+
+    Every attribute is the connection's until the tick ends; after that any use raises
+    ``asyncpg.InterfaceError``, so a connection kept past its tick can't write into another
+    tick's transaction. ``used`` says whether the handler touched the connection at all: if it
+    did not, it can't have left session state behind, and the tick needs no reset.
+    """
+
+    __slots__ = ("_con", "used")
+
+    def __init__(self, con: asyncpg.Connection[Any]) -> None:
+        self._con: asyncpg.Connection[Any] | None = con
+        self.used = False
+
+    def __getattr__(self, name: str) -> Any:
+        self.used = True
+        con = self._con
+        if con is None:
+            import asyncpg
+
+            raise asyncpg.InterfaceError(
+                f"cannot use Connection.{name}: the tick that lent this connection (ctx.conn) "
+                "has ended; use it only inside the handler"
+            )
+        return getattr(con, name)
+
+    def end(self) -> None:
+        """Take the connection back: from now on every use raises."""
+        self._con = None
+
+    def __repr__(self) -> str:
+        state = "ended" if self._con is None else repr(self._con)
+        return f"<ticklock.ConnectionLease {state}>"
+
+
+class ConnectionPool:
+    """Up to ``max_size`` connections to ``dsn``, opened on demand and reused."""
+
+    def __init__(self, dsn: str | None, max_size: int) -> None:
+        self._dsn = dsn
+        self._slots = anyio.Semaphore(max_size)
+        self._idle: list[tuple[asyncpg.Connection[Any], float]] = []  # (conn, idle since)
+        self._closed = False
+
+    async def acquire(self) -> asyncpg.Connection[Any]:
+        """An idle connection, or a new one; waits while ``max_size`` are in use."""
+        if self._closed:
+            raise RuntimeError("the pool is closed")
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._slots.acquire()
+        try:
+            while self._idle:
+                con = self._idle.pop()[0]
+                if not con.is_closed():
+                    return con
+            import asyncpg
+
+            return await asyncpg.connect(self._dsn)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def release(self, con: asyncpg.Connection[Any], clean: bool) -> None:
+        """Give ``con`` back. ``clean``: no transaction is open and the session was reset;
+        otherwise (or if the pool is closed) the connection is dropped."""
+        self._slots.release()
+        if not clean or self._closed or con.is_closed():
+            con.terminate()
+            return
+        now = time.monotonic()
+        idle = self._idle
+        while idle and now - idle[0][1] > MAX_IDLE:  # the oldest idle at the bottom
+            idle.pop(0)[0].terminate()
+        idle.append((con, now))
+
+    async def close(self) -> None:
+        """Close the idle connections (gracefully, for up to 10 s); those still in use are
+        dropped when they come back."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        with anyio.move_on_after(10, shield=True):
+            while idle:
+                await idle[-1][0].close()
+                idle.pop()
+        for con, _ in idle:
+            con.terminate()

@@ -1,0 +1,144 @@
+"""ticklock's own connection pool and the lease a handler gets as ``ctx.conn``, on a real server."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from ticklock import JobContext, Outcome, Scheduler, _pgpool, every
+from ticklock._pgpool import ConnectionPool
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # asyncpg runs on asyncio
+
+
+class ResetCounter(asyncpg.Connection):  # type: ignore[type-arg]
+    """Counts the simple queries that carry asyncpg's session reset."""
+
+    resets: list[str] = []
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        if "RESET ALL" in query:
+            where = "ROLLBACK" if query.startswith("ROLLBACK") else "alone"
+            ResetCounter.resets.append("COMMIT" if query.endswith("COMMIT") else where)
+        return await super().execute(query, *args, **kwargs)
+
+
+async def test_ctx_conn_is_a_connection_during_its_tick_and_unusable_after(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    kept: list[Any] = []
+
+    @scheduler.job(every(3600, initial_delay=3000), id="keeper")
+    async def keeper(ctx: JobContext) -> int:
+        assert isinstance(ctx.conn, asyncpg.Connection)
+        kept.append(ctx.conn)
+        return int(await ctx.conn.fetchval("SELECT 41 + 1"))
+
+    async with scheduler:
+        result = await scheduler.run_now("keeper")
+        assert result.outcome is Outcome.SUCCESS and result.report == 42
+        # kept past its tick, the connection can't write into another tick's transaction
+        with pytest.raises(asyncpg.InterfaceError, match="has ended"):
+            await kept[0].fetchval("SELECT 1")
+        assert "ended" in repr(kept[0])
+
+
+async def test_the_reset_travels_only_when_the_handler_touched_the_connection(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(asyncpg, "connect", partial(asyncpg.connect, connection_class=ResetCounter))
+    monkeypatch.setattr(ResetCounter, "resets", [])
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    touch = [False]
+    fail = [False]
+
+    @scheduler.job(every(3600, initial_delay=3000), id="maybe")
+    async def maybe(ctx: JobContext) -> None:
+        if touch[0]:
+            assert ctx.conn is not None
+            await ctx.conn.fetchval("SELECT 1")
+        if fail[0]:
+            raise RuntimeError("after touching the connection")
+
+    async with scheduler:
+        expected = []
+        for touched, failing in ((False, False), (True, False), (False, True), (True, True)):
+            touch[0], fail[0] = touched, failing
+            result = await scheduler.run_now("maybe")
+            assert result.outcome is (Outcome.FAILURE if failing else Outcome.SUCCESS)
+            if touched:  # with the COMMIT, or after the ROLLBACK
+                expected.append("ROLLBACK" if failing else "COMMIT")
+            assert ResetCounter.resets == expected, (touched, failing)
+
+
+async def test_the_pool_reuses_the_latest_connection_and_waits_at_its_size(pg_dsn: str) -> None:
+    pool = ConnectionPool(pg_dsn, max_size=2)
+    try:
+        a = await pool.acquire()
+        b = await pool.acquire()
+        pid_a, pid_b = a.get_server_pid(), b.get_server_pid()
+        got: list[Any] = []
+
+        async def third() -> None:
+            got.append(await pool.acquire())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(third)
+            await anyio.sleep(0.05)
+            assert got == [], "a third connection while two are in use"
+            pool.release(a, clean=True)
+        assert got[0].get_server_pid() == pid_a  # the released one, not a new one
+        pool.release(got[0], clean=True)
+        pool.release(b, clean=True)
+        again = await pool.acquire()
+        assert again.get_server_pid() == pid_b  # last in, first out
+        pool.release(again, clean=True)
+    finally:
+        await pool.close()
+
+
+async def test_the_pool_drops_unclean_closed_and_long_idle_connections(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = ConnectionPool(pg_dsn, max_size=3)
+    try:
+        dirty = await pool.acquire()
+        await dirty.execute("BEGIN")
+        pool.release(dirty, clean=False)  # a transaction might be open: never reused
+        assert dirty.is_closed()
+
+        a, b = await pool.acquire(), await pool.acquire()
+        pool.release(a, clean=True)
+        await a.close()  # closed while idle (a server restart, say): skipped on acquire
+        c = await pool.acquire()
+        assert c is not a and not c.is_closed()
+
+        pool.release(c, clean=True)
+        monkeypatch.setattr(_pgpool, "MAX_IDLE", 0.0)
+        await anyio.sleep(0.01)
+        pool.release(b, clean=True)  # c has been idle longer than MAX_IDLE: closed
+        assert c.is_closed() and not b.is_closed()
+    finally:
+        await pool.close()
+
+
+async def test_a_closed_pool_closes_its_connections_and_refuses_more(pg_dsn: str) -> None:
+    pool = ConnectionPool(pg_dsn, max_size=2)
+    idle, busy = await pool.acquire(), await pool.acquire()
+    pool.release(idle, clean=True)
+    await pool.close()
+    assert idle.is_closed()
+    pool.release(busy, clean=True)  # in use when the pool closed: dropped on its way back
+    assert busy.is_closed()
+    with pytest.raises(RuntimeError, match="closed"):
+        await pool.acquire()
