@@ -29,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -200,22 +202,57 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
     }
 
 
+def postgres_pids() -> list[int]:
+    """The server's processes on this machine."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "postgres":
+                    pids.append(int(pid))
+            except OSError:
+                continue
+    return pids
+
+
 def postgres_cpu(data_dir: str | None) -> float:
     """CPU seconds used so far by the server's processes (this machine only)."""
     total = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in postgres_pids():
         try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            if comm != "postgres":
-                continue
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick
         except (OSError, IndexError, ValueError):
             continue
     return total
+
+
+def _pin(pids: list[int], cpus: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.sched_setaffinity(pid, cpus)
+        except OSError:  # gone, or not ours
+            continue
+
+
+@contextmanager
+def placement(client: set[int] | None, server: set[int] | None) -> Iterator[None]:
+    """Pin this process and the server's (backends inherit the postmaster's) to CPU sets.
+
+    On a small VM the round trip depends on whether client and server share a core (a
+    context switch) or not (a wake-up on the other core), and the OS's choice varies between
+    runs; P6 is measured with each placement pinned, and once as the OS places it.
+    """
+    everything = os.sched_getaffinity(0)
+    try:
+        if client is not None and server is not None:
+            os.sched_setaffinity(0, client)
+            _pin(postgres_pids(), server)
+        yield
+    finally:
+        os.sched_setaffinity(0, everything)
+        _pin(postgres_pids(), everything)
 
 
 async def p7(dsn: str, replicas: int, jobs: int, seconds: float, pool: str) -> dict[str, Any]:
@@ -281,8 +318,17 @@ async def p7(dsn: str, replicas: int, jobs: int, seconds: float, pool: str) -> d
 
 
 async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
-    report: dict[str, Any] = {"P6": await p6(dsn, 200 if args.quick else 3000)}
-    print(json.dumps(report["P6"]), flush=True)
+    report: dict[str, Any] = {}
+    cpus = sorted(os.sched_getaffinity(0))
+    placements: dict[str, tuple[set[int] | None, set[int] | None]] = {"": (None, None)}
+    if len(cpus) >= 2:
+        placements[" separate cores"] = ({cpus[0]}, {cpus[1]})
+        placements[" one core"] = ({cpus[0]}, {cpus[0]})
+    for name, (client, server) in placements.items():
+        with placement(client, server):
+            report["P6" + name] = await p6(dsn, 200 if args.quick else 3000)
+        report["P6" + name]["placement"] = name.strip() or "as the OS places it"
+        print(json.dumps(report["P6" + name]), flush=True)
     # "own": Scheduler(dsn), the default; "given": a pool passed with pool=
     points = (
         [(2, 20, 6.0, "own")]
