@@ -41,7 +41,8 @@ class JobContext:
 
     ``conn`` is the asyncpg connection that holds the job's lock, inside the tick's
     transaction: write through it and your writes commit with the watermark or not at all.
-    It is ``None`` in local mode.
+    It is lent for the tick: any use after the handler returns raises
+    ``asyncpg.InterfaceError``. It is ``None`` in local mode.
     """
 
     job_id: str

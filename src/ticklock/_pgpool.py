@@ -115,7 +115,11 @@ class ConnectionPool:
         idle, self._idle = self._idle, []
         with anyio.move_on_after(10, shield=True):
             while idle:
-                await idle[-1][0].close()
+                con = idle[-1][0]
+                try:
+                    await con.close()
+                except Exception:  # already broken: nothing to say goodbye to
+                    con.terminate()
                 idle.pop()
-        for con, _ in idle:
+        for con, _ in idle:  # out of time
             con.terminate()
