@@ -56,6 +56,31 @@ async def test_initial_delay_and_catch_up_window() -> None:
     assert seen == [(5, None), (65, 5), (125, 65)]
 
 
+async def test_the_first_slot_is_planned_from_when_the_fleet_state_was_read() -> None:
+    # Loading the fleet's state takes a round trip (and, as replicas start together, waits on
+    # their registrations): a first slot planned before it would start late by that time.
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    slots: list[float] = []
+
+    @scheduler.job(every(60, initial_delay=5), id="work")
+    async def work(ctx: JobContext) -> None:
+        slots.append(elapsed(clock, ctx.slot))
+
+    coordinator: Any = scheduler._coordinator
+    load = coordinator.load
+
+    async def slow_load(jobs: dict[str, datetime | None]) -> Any:
+        await clock.advance(2)  # the load took 2 s
+        return await load(jobs)
+
+    coordinator.load = slow_load
+    async with scheduler:
+        assert [h.next_fire for h in scheduler.health()] == [T0 + timedelta(seconds=7)]
+        await clock.advance(10)
+    assert slots == [7]
+
+
 async def test_jitter_is_drawn_from_the_injected_random() -> None:
     clock = ManualClock(T0)
     scheduler = Scheduler(clock=clock, random=random.Random(7))

@@ -274,6 +274,9 @@ class Scheduler:
         states = await self._coordinator.load(
             {e.job.id: _plan.overdue_at(e.job, now) for e in entries if e.job.enabled}
         )
+        # Plan from when the fleet's state is known, not from before it was read: a first
+        # slot planned before the load would start late by however long the load took.
+        now = self._clock.now()
         for entry in entries:
             entry.state = states.get(entry.job.id)
             self._start_job(entry, now)
