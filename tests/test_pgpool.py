@@ -81,6 +81,36 @@ async def test_the_reset_travels_only_when_the_handler_touched_the_connection(
             assert ResetCounter.resets == expected, (touched, failing)
 
 
+async def test_a_listener_a_handler_leaves_never_hears_a_later_tick(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # asyncpg's pool dropped a released connection's listeners on the client side; no SQL
+    # reset can, so a connection a handler left a callback on is closed instead of reused.
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    heard: list[str] = []
+    pids: list[int] = []
+    register = [True]
+
+    @scheduler.job(every(3600, initial_delay=3000), id="noisy")
+    async def noisy(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        pids.append(ctx.conn.get_server_pid())
+        if register[0]:
+            ctx.conn.add_log_listener(lambda _conn, message: heard.append(message.message))
+        await ctx.conn.execute("DO $$ BEGIN RAISE NOTICE 'tick'; END $$")
+
+    async with scheduler:
+        assert (await scheduler.run_now("noisy")).outcome is Outcome.SUCCESS
+        await anyio.sleep(0.05)  # log listeners are called soon after, not at once
+        assert heard == ["tick"]
+        register[0] = False
+        for _ in range(2):
+            assert (await scheduler.run_now("noisy")).outcome is Outcome.SUCCESS
+        await anyio.sleep(0.05)
+    assert heard == ["tick"], "a later tick's notice reached the first tick's listener"
+    assert pids[1] != pids[0] and pids[2] == pids[1]  # only the connection with a callback went
+
+
 async def test_the_pool_reuses_the_latest_connection_and_waits_at_its_size(pg_dsn: str) -> None:
     pool = ConnectionPool(pg_dsn, max_size=2)
     try:

@@ -28,6 +28,10 @@ else:
 
 MAX_IDLE = 300.0
 """Seconds an idle connection (other than the most recently used) is kept open."""
+_CALLBACKS = frozenset(
+    {"add_listener", "add_log_listener", "add_termination_listener", "add_query_logger"}
+)
+"""Connection methods that leave a callback on the client side, which no SQL reset removes."""
 
 
 class ConnectionLease(_Base):
@@ -37,16 +41,21 @@ class ConnectionLease(_Base):
     ``asyncpg.InterfaceError``, so a connection kept past its tick can't write into another
     tick's transaction. ``used`` says whether the handler touched the connection at all: if it
     did not, it can't have left session state behind, and the tick needs no reset.
+    ``callbacks``: the handler registered a listener or logger on the connection, which would
+    outlive the tick on the client side; such a connection is closed, not reused.
     """
 
-    __slots__ = ("_con", "used")
+    __slots__ = ("_con", "callbacks", "used")
 
     def __init__(self, con: asyncpg.Connection[Any]) -> None:
         self._con: asyncpg.Connection[Any] | None = con
         self.used = False
+        self.callbacks = False
 
     def __getattr__(self, name: str) -> Any:
         self.used = True
+        if name in _CALLBACKS:
+            self.callbacks = True
         con = self._con
         if con is None:
             import asyncpg

@@ -128,8 +128,9 @@ class _PgAttempt:
         c = self._coordinator
         own = c.own_pool
         if own is not None and not self._open:  # our COMMIT ended it, with the reset
-            cast(ConnectionLease, view).end()
-            own.release(con, clean=True)
+            lease = cast(ConnectionLease, view)
+            lease.end()
+            own.release(con, clean=not lease.callbacks)
             return
         with c.shielded():
             try:
@@ -142,8 +143,9 @@ class _PgAttempt:
                 con.terminate()
             finally:
                 if own is not None:
-                    cast(ConnectionLease, view).end()
-                    own.release(con, clean=not self._open)
+                    lease = cast(ConnectionLease, view)
+                    lease.end()
+                    own.release(con, clean=not self._open and not lease.callbacks)
                 else:  # asyncpg's pool: its release rolls back and resets what is left
                     assert c.given_pool is not None
                     await c.given_pool.release(cast("PoolConnectionProxy[Any]", con))
