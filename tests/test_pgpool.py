@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -9,6 +10,7 @@ import anyio
 import asyncpg
 import pytest
 
+from helpers import eventually
 from ticklock import JobContext, Outcome, Scheduler, _pgpool, every
 from ticklock._pgpool import ConnectionPool
 
@@ -18,6 +20,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # asyncpg runs on asyncio
+
+
+def closed(con: Any) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return bool(con.is_closed())
+
+    return check
 
 
 class ResetCounter(asyncpg.Connection):  # type: ignore[type-arg]
@@ -157,7 +166,17 @@ async def test_the_pool_drops_unclean_closed_and_long_idle_connections(
         monkeypatch.setattr(_pgpool, "MAX_IDLE", 0.0)
         await anyio.sleep(0.01)
         pool.release(b, clean=True)  # c has been idle longer than MAX_IDLE: closed
-        assert c.is_closed() and not b.is_closed()
+        await eventually(closed(c), 5, "the long-idle connection to close")
+        assert not b.is_closed()
+
+        monkeypatch.setattr(_pgpool, "MAX_LIFETIME", 0.0)
+        old = await pool.acquire()
+        assert old is b
+        pool.release(old, clean=True)  # older than MAX_LIFETIME: closed, not reused
+        await eventually(closed(old), 5, "the old connection to close")
+        fresh = await pool.acquire()
+        assert fresh is not old and not fresh.is_closed()
+        pool.release(fresh, clean=True)
     finally:
         await pool.close()
 
@@ -168,7 +187,7 @@ async def test_a_closed_pool_closes_its_connections_and_refuses_more(pg_dsn: str
     pool.release(idle, clean=True)
     await pool.close()
     assert idle.is_closed()
-    pool.release(busy, clean=True)  # in use when the pool closed: dropped on its way back
-    assert busy.is_closed()
+    pool.release(busy, clean=True)  # in use when the pool closed: closed on its way back
+    await eventually(closed(busy), 5, "the connection in use to close")
     with pytest.raises(RuntimeError, match="closed"):
         await pool.acquire()

@@ -6,11 +6,15 @@ its connection comes back clean and can go straight back on the idle stack. asyn
 loop) and a reset of its own on every tick; a pool the user passes keeps that behaviour.
 
 Idle connections are reused last-in first-out, so a quiet scheduler keeps using the same one;
-those that stay unused for :data:`MAX_IDLE` seconds are closed when a later one comes back.
+those that stay unused for :data:`MAX_IDLE` seconds are closed when a later one comes back,
+and a connection older than :data:`MAX_LIFETIME` is closed when it comes back (a server
+process's caches grow with what its sessions touched; asyncpg's pool recycles a connection
+after 50,000 queries for the same reason).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,10 @@ else:
 
 MAX_IDLE = 300.0
 """Seconds an idle connection (other than the most recently used) is kept open."""
+MAX_LIFETIME = 3600.0
+"""Seconds after which a connection is closed when it comes back, and a new one opened."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds a graceful close may take before the connection is dropped."""
 _CALLBACKS = frozenset(
     {"add_listener", "add_log_listener", "add_termination_listener", "add_query_logger"}
 )
@@ -82,6 +90,8 @@ class ConnectionPool:
         self._dsn = dsn
         self._slots = anyio.Semaphore(max_size)
         self._idle: list[tuple[asyncpg.Connection[Any], float]] = []  # (conn, idle since)
+        self._opened: dict[asyncpg.Connection[Any], float] = {}  # conn: when it was opened
+        self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def acquire(self) -> asyncpg.Connection[Any]:
@@ -99,7 +109,9 @@ class ConnectionPool:
                     return con
             import asyncpg
 
-            return await asyncpg.connect(self._dsn)
+            con = await asyncpg.connect(self._dsn)
+            self._opened[con] = time.monotonic()
+            return con
         except BaseException:
             self._slots.release()
             raise
@@ -108,27 +120,40 @@ class ConnectionPool:
         """Give ``con`` back. ``clean``: no transaction is open and the session was reset;
         otherwise (or if the pool is closed) the connection is dropped."""
         self._slots.release()
-        if not clean or self._closed or con.is_closed():
+        if not clean or con.is_closed():
+            self._opened.pop(con, None)
             con.terminate()
             return
         now = time.monotonic()
+        if self._closed or now - self._opened.get(con, now) > MAX_LIFETIME:
+            self._retire(con)
+            return
         idle = self._idle
         while idle and now - idle[0][1] > MAX_IDLE:  # the oldest idle at the bottom
-            idle.pop(0)[0].terminate()
+            self._retire(idle.pop(0)[0])
         idle.append((con, now))
 
+    def _retire(self, con: asyncpg.Connection[Any]) -> None:
+        """Close ``con`` gracefully, in the background."""
+        self._opened.pop(con, None)
+        task = asyncio.get_running_loop().create_task(_close(con))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
-        """Close the idle connections (gracefully, for up to 10 s); those still in use are
-        dropped when they come back."""
+        """Close the idle connections gracefully (within :data:`CLOSE_TIMEOUT`); those in use
+        are closed when they come back."""
         self._closed = True
         idle, self._idle = self._idle, []
-        with anyio.move_on_after(10, shield=True):
-            while idle:
-                con = idle[-1][0]
-                try:
-                    await con.close()
-                except Exception:  # already broken: nothing to say goodbye to
-                    con.terminate()
-                idle.pop()
-        for con, _ in idle:  # out of time
-            con.terminate()
+        for con, _ in idle:
+            self._retire(con)
+        if self._closing:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(set(self._closing))
+
+
+async def _close(con: asyncpg.Connection[Any]) -> None:
+    try:
+        await con.close(timeout=CLOSE_TIMEOUT)
+    except Exception:  # broken already, or too slow: drop it
+        con.terminate()
