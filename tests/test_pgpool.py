@@ -62,6 +62,55 @@ async def test_ctx_conn_is_a_connection_during_its_tick_and_unusable_after(
         assert "ended" in repr(kept[0])
 
 
+@pytest.mark.parametrize("pool_kind", ["own", "given"])
+async def test_ctx_conn_transaction_is_a_savepoint_of_the_tick(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, pool_kind: str
+) -> None:
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    table = f"{pg_schema}.notes"
+    await pg_conn.execute(f"CREATE TABLE {table} (note text)")
+    pool = (
+        await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2) if pool_kind == "given" else None
+    )
+    scheduler = (
+        Scheduler(pool=pool, schema=pg_schema) if pool else Scheduler(pg_dsn, schema=pg_schema)
+    )
+    fail = [False]
+
+    @scheduler.job(every(3600, initial_delay=3000), id="notes")
+    async def notes(ctx: JobContext) -> None:
+        conn = ctx.conn
+        assert conn is not None
+        async with conn.transaction():
+            await conn.execute(f"INSERT INTO {table} VALUES ('kept')")
+            with pytest.raises(ValueError):
+                async with conn.transaction():  # nested: a savepoint inside the savepoint
+                    await conn.execute(f"INSERT INTO {table} VALUES ('undone')")
+                    raise ValueError("undo this part")
+        with pytest.raises(asyncpg.UniqueViolationError):
+            async with conn.transaction():  # an error inside: the tick's transaction goes on
+                await conn.execute("CREATE TEMP TABLE u (k int PRIMARY KEY) ON COMMIT DROP")
+                await conn.execute("INSERT INTO u VALUES (1), (1)")
+        manual = conn.transaction()
+        await manual.start()
+        await conn.execute(f"INSERT INTO {table} VALUES ('also undone')")
+        await manual.rollback()
+        with pytest.raises(asyncpg.InterfaceError, match="savepoint"):
+            conn.transaction(isolation="serializable")
+        if fail[0]:
+            raise RuntimeError("the tick fails: its savepoints' work goes too")
+
+    try:
+        async with scheduler:
+            assert (await scheduler.run_now("notes")).outcome is Outcome.SUCCESS
+            fail[0] = True
+            assert (await scheduler.run_now("notes")).outcome is Outcome.FAILURE
+    finally:
+        if pool is not None:
+            await pool.close()
+    assert [r[0] for r in await pg_conn.fetch(f"SELECT note FROM {table}")] == ["kept"]
+
+
 async def test_the_reset_travels_only_when_the_handler_touched_the_connection(
     pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

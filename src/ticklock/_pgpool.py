@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -51,12 +52,16 @@ class ConnectionLease(_Base):
     did not, it can't have left session state behind, and the tick needs no reset.
     ``callbacks``: the handler registered a listener or logger on the connection, which would
     outlive the tick on the client side; such a connection is closed, not reused.
+
+    The connection is already inside the tick's transaction, so :meth:`transaction` opens a
+    savepoint of it, as asyncpg does for a nested transaction.
     """
 
-    __slots__ = ("_con", "callbacks", "used")
+    __slots__ = ("_con", "_savepoints", "callbacks", "used")
 
     def __init__(self, con: asyncpg.Connection[Any]) -> None:
         self._con: asyncpg.Connection[Any] | None = con
+        self._savepoints = 0
         self.used = False
         self.callbacks = False
 
@@ -64,6 +69,9 @@ class ConnectionLease(_Base):
         self.used = True
         if name in _CALLBACKS:
             self.callbacks = True
+        return getattr(self._lent(name), name)
+
+    def _lent(self, name: str) -> asyncpg.Connection[Any]:
         con = self._con
         if con is None:
             import asyncpg
@@ -72,7 +80,25 @@ class ConnectionLease(_Base):
                 f"cannot use Connection.{name}: the tick that lent this connection (ctx.conn) "
                 "has ended; use it only inside the handler"
             )
-        return getattr(con, name)
+        return con
+
+    def transaction(
+        self, *, isolation: str | None = None, readonly: bool = False, deferrable: bool = False
+    ) -> Savepoint:
+        """A savepoint of the tick's transaction: ``async with ctx.conn.transaction(): ...``
+        releases it on success and rolls back to it on an exception; everything still commits
+        with the tick, or not at all."""
+        self.used = True
+        con = self._lent("transaction")
+        if isolation is not None or readonly or deferrable:
+            import asyncpg
+
+            raise asyncpg.InterfaceError(
+                "ctx.conn.transaction(): inside the tick's transaction it is a savepoint, "
+                "which takes no isolation, readonly or deferrable option"
+            )
+        self._savepoints += 1
+        return Savepoint(con, f"ticklock_savepoint_{self._savepoints}")
 
     def end(self) -> None:
         """Take the connection back: from now on every use raises."""
@@ -81,6 +107,46 @@ class ConnectionLease(_Base):
     def __repr__(self) -> str:
         state = "ended" if self._con is None else repr(self._con)
         return f"<ticklock.ConnectionLease {state}>"
+
+
+class Savepoint:
+    """A savepoint of a tick's transaction, used like an asyncpg transaction."""
+
+    __slots__ = ("_con", "_name")
+
+    def __init__(self, con: asyncpg.Connection[Any], name: str) -> None:
+        self._con = con
+        self._name = name
+
+    async def start(self) -> None:
+        """Set the savepoint."""
+        await self._con.execute(f"SAVEPOINT {self._name}")
+
+    async def commit(self) -> None:
+        """Release the savepoint: its work stays, to commit with the tick."""
+        await self._con.execute(f"RELEASE SAVEPOINT {self._name}")
+
+    async def rollback(self) -> None:
+        """Undo the work since the savepoint (and release it)."""
+        await self._con.execute(
+            f"ROLLBACK TO SAVEPOINT {self._name}; RELEASE SAVEPOINT {self._name}"
+        )
+
+    async def __aenter__(self) -> Savepoint:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            await self.commit()
+        elif issubclass(exc_type, Exception):
+            await self.rollback()
+        # cancelled (a timeout, shutdown): the whole tick rolls back; nothing to send
 
 
 class ConnectionPool:

@@ -64,6 +64,7 @@ class _PgAttempt:
         "_con",
         "_coordinator",
         "_job_id",
+        "_lease",
         "_open",
         "acquired",
         "conn",
@@ -75,14 +76,14 @@ class _PgAttempt:
         coordinator: PostgresCoordinator,
         job_id: str,
         con: asyncpg.Connection[Any],
-        view: asyncpg.Connection[Any],
     ) -> None:
         self._coordinator = coordinator
         self._job_id = job_id
         self._open = True  # until our own COMMIT or ROLLBACK ends the transaction
         self._con: asyncpg.Connection[Any] | None = con
-        # What the handler gets: a lease on ticklock's own pool, asyncpg's proxy on a given one.
-        self.conn: asyncpg.Connection[Any] | None = view
+        # What the handler gets: a lease on the connection (or on a given pool's proxy).
+        self._lease = ConnectionLease(con)
+        self.conn: asyncpg.Connection[Any] | None = cast("asyncpg.Connection[Any]", self._lease)
         self.acquired = False
         self.state = FleetState()
 
@@ -111,40 +112,36 @@ class _PgAttempt:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
         # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
         # commit, so a run is never recorded as failed after its writes committed.
-        await self._con.execute(self._reset(self.conn) + "COMMIT")
+        await self._con.execute(self._reset() + "COMMIT")
         self._open = False
 
-    def _reset(self, view: object) -> str:
-        """The session reset this tick needs: none on a given pool (it resets on release),
-        none if the handler never touched the connection (only ticklock's statements ran)."""
-        if isinstance(view, ConnectionLease) and view.used:
-            return self._coordinator.reset_query
-        return ""
+    def _reset(self) -> str:
+        """The session reset this tick needs: none on a given pool (``reset_query`` is empty:
+        it resets on release), none if the handler never touched the connection."""
+        return self._coordinator.reset_query if self._lease.used else ""
 
     async def close(self) -> None:
-        con, view, self._con, self.conn = self._con, self.conn, None, None
+        con, self._con, self.conn = self._con, None, None
         if con is None:
             return
+        lease = self._lease
+        lease.end()
         c = self._coordinator
         own = c.own_pool
         if own is not None and not self._open:  # our COMMIT ended it, with the reset
-            lease = cast(ConnectionLease, view)
-            lease.end()
             own.release(con, clean=not lease.callbacks)
             return
         with c.shielded():
             try:
                 if self._open and not con.is_closed():
                     # after ROLLBACK: an aborted transaction accepts no other statement
-                    reset = self._reset(view)
+                    reset = self._reset()
                     await con.execute("ROLLBACK" + (reset and "; " + reset))
                     self._open = False
             except Exception:
                 con.terminate()
             finally:
                 if own is not None:
-                    lease = cast(ConnectionLease, view)
-                    lease.end()
                     own.release(con, clean=not self._open and not lease.callbacks)
                 else:  # asyncpg's pool: its release rolls back and resets what is left
                     assert c.given_pool is not None
@@ -314,11 +311,10 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
         if self.own_pool is not None:
             conn = await self.own_pool.acquire()
-            view = cast("asyncpg.Connection[Any]", ConnectionLease(conn))
         else:
             assert self.given_pool is not None, "the coordinator is not open"
-            conn = view = cast("asyncpg.Connection[Any]", await self.given_pool.acquire())
-        attempt = _PgAttempt(self, job_id, conn, view)
+            conn = cast("asyncpg.Connection[Any]", await self.given_pool.acquire())
+        attempt = _PgAttempt(self, job_id, conn)
         try:
             status = await conn.execute(self._begin_sql(job_id, budget))
             if status != "SELECT 1":
