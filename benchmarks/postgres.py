@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -328,6 +329,93 @@ async def p7(dsn: str, replicas: int, jobs: int, seconds: float, pool: str) -> d
     }
 
 
+APS4_POSTGRES = ["SQLAlchemy[asyncio]>=2.0", "asyncpg>=0.30", "sniffio"]
+"""What APScheduler 4's SQLAlchemy data store and asyncpg event broker need besides it."""
+
+
+def aps4_python() -> str | None:
+    """APScheduler 4's interpreter (its venv from ``benchmarks.run``), with the PostgreSQL
+    extras installed; ``None`` if that can't be had."""
+    from benchmarks.run import ensure_peers, python_for
+
+    if "aps4" not in ensure_peers():
+        return None
+    python = python_for("aps4")
+    probe = [python, "-c", "import sqlalchemy.ext.asyncio, asyncpg, sniffio"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        pip = [python, "-m", "pip", "install", "-q", *APS4_POSTGRES]
+        if subprocess.run(pip).returncode != 0:
+            return None
+    return python
+
+
+async def p7_aps4(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[str, Any]:
+    """P7's peer: APScheduler 4 replicas sharing its SQLAlchemy data store (same jobs)."""
+    python = aps4_python()
+    if python is None:
+        return {"unavailable": "APScheduler 4 with SQLAlchemy and asyncpg could not be installed"}
+    schema = f"bench_p7_aps4_{replicas}x{jobs}"
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    await admin.execute(f"CREATE SCHEMA {schema}")
+    stats = (
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+        "WHERE datname = current_database()"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / f"r{i}.txt" for i in range(replicas)]
+
+        async def start(i: int) -> asyncio.subprocess.Process:
+            script = str(HERE / "aps4_fleet_replica.py")
+            args = [script, dsn, schema, str(jobs), f"r{i}", str(outs[i])]
+            return await asyncio.create_subprocess_exec(python, *args, stdout=subprocess.PIPE)
+
+        # Its data store creates its tables and types without a lock: two replicas starting
+        # at once collide ("duplicate key ... pg_type"), so the first one starts alone.
+        procs = [await start(0)]
+        assert procs[0].stdout is not None
+        await asyncio.wait_for(procs[0].stdout.readline(), 60)  # "ready"
+        procs += [await start(i) for i in range(1, replicas)]
+        await asyncio.sleep(2)  # the others' start-up
+        x0, cpu0, started = await admin.fetchval(stats), postgres_cpu(None), time.time()
+        await asyncio.sleep(seconds)
+        x1, cpu1, ended = await admin.fetchval(stats), postgres_cpu(None), time.time()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except asyncio.TimeoutError:
+                proc.kill()
+        await admin.close()
+        runs = []  # (schedule, scheduled fire, started)
+        for out in outs:
+            if out.exists():
+                for line in out.read_text().splitlines():
+                    schedule, fire, begun, _owner = line.split()
+                    runs.append((schedule, float(fire), float(begun)))
+    window = [r for r in runs if started <= r[1] <= ended]
+    late_ms = [(begun - fire) * 1000 for _, fire, begun in window]
+    per_job: dict[str, list[float]] = {}
+    for schedule, _, begun in sorted(runs, key=lambda r: r[2]):
+        per_job.setdefault(schedule, []).append(begun)
+    gaps = [b - a for starts in per_job.values() for a, b in zip(starts, starts[1:], strict=False)]
+    elapsed = ended - started
+    return {
+        "replicas": replicas,
+        "jobs": jobs,
+        "seconds": elapsed,
+        "runs_in_window": len(window),
+        "runs_owed": jobs * elapsed,
+        "slots_run_twice": len(window) - len({(s, f) for s, f, _ in window}),
+        "max_gap_s": max(gaps) if gaps else None,
+        "lateness_p50_ms": pct(late_ms, 0.5) if late_ms else None,
+        "lateness_p99_ms": pct(late_ms, 0.99) if late_ms else None,
+        "transactions_per_run": (x1 - x0) / len(window) if window else None,
+        "database_cpu_percent": 100 * (cpu1 - cpu0) / elapsed,
+    }
+
+
 async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
     cpus = sorted(os.sched_getaffinity(0))
@@ -350,6 +438,11 @@ async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         key = f"P7 {replicas}x{jobs}" + ("" if pool == "own" else f" {pool} pool")
         report[key] = await p7(dsn, replicas, jobs, seconds, pool)
         print(json.dumps(report[key], default=str), flush=True)
+    # the peer a user would otherwise pick for a fleet: the same jobs on APScheduler 4
+    replicas, jobs, seconds = (2, 20, 6.0) if args.quick else (4, 250, 60.0)
+    key = f"P7 {replicas}x{jobs} APScheduler 4"
+    report[key] = await p7_aps4(dsn, replicas, jobs, seconds)
+    print(json.dumps(report[key], default=str), flush=True)
     return report
 
 
