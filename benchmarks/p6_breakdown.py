@@ -35,7 +35,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from benchmarks.postgres import placement, postgres_cpu  # noqa: E402
+from benchmarks.postgres import database, placement, postgres_cpu  # noqa: E402
 from ticklock import JobContext, Outcome, RunResult, Scheduler, every  # noqa: E402
 
 
@@ -144,25 +144,15 @@ def main() -> None:
     parser.add_argument("--dsn", default=os.environ.get("TICKLOCK_BENCH_DSN"))
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
-    server = None
-    dsn = args.dsn
-    if not dsn:
-        from pgserver import TempPostgres
-
-        server = TempPostgres()
-        server.start()
-        dsn = server.dsn
-    loop = asyncio.SelectorEventLoop(CountingSelector())
     client = server_cpus = None
     if args.pin and len(cpus) >= 2:
         client, server_cpus = {cpus[0]}, {cpus[1] if args.pin == "separate" else cpus[0]}
+    loop = asyncio.SelectorEventLoop(CountingSelector())
     try:
-        with placement(client, server_cpus):
+        with database(args.dsn) as dsn, placement(client, server_cpus):
             loop.run_until_complete(measure(dsn, args.ticks, args.rounds))
     finally:
         loop.close()
-        if server is not None:
-            server.cleanup()
 
 
 if __name__ == "__main__":

