@@ -211,6 +211,12 @@ def test_cli_demo_prints_runs_and_stops_on_sigterm() -> None:
     code, out = signal_after(["demo"], "success", 2, signal.SIGTERM)
     assert code == 0, out
     assert "heartbeat" in out and "success" in out and "stopped cleanly" in out
+    # the listing's first fire of an `every` job is its first run (it starts at once), not
+    # one interval later
+    listed = out.split("heartbeat", 1)[1].split("next: ", 1)[1][:8]
+    ran = out.split("heartbeat  slot=", 1)[1][:8]
+    seconds = [int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in (listed, ran)]
+    assert (seconds[1] - seconds[0]) % 86400 <= 1, (listed, ran)
 
 
 def test_cli_run_sidecar_process_exits_zero_on_sigint(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 
 import anyio
 
+from . import _plan
+from ._coordination import FleetState
 from ._job import JobContext
 from ._scheduler import Scheduler
 from ._triggers import cron, every
@@ -62,13 +64,13 @@ async def demo(seconds: float | None = None) -> None:
     print("ticklock demo (local mode). Jobs and their next fire times:")
     now = datetime.now(timezone.utc)
     for job in scheduler.jobs.values():
-        fires, fire = [], now
-        for _ in range(3):
-            nxt = job.trigger.next_fire(fire)
-            if nxt is None:
-                break
-            fires.append(nxt.strftime("%H:%M:%S"))
-            fire = nxt
+        # the first slot as the scheduler plans it (an `every` job starts at once), then one
+        # interval after each (the runs are short here)
+        fires: list[str] = []
+        fire = _plan.first(job, FleetState(), now)
+        while fire is not None and len(fires) < 3:
+            fires.append(fire.strftime("%H:%M:%S"))
+            fire = job.trigger.next_fire(fire)
         print(f"  {job.id:<10} {job.trigger.describe():<40} next: {', '.join(fires)} UTC")
     print("Press Ctrl-C to stop.\n")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
