@@ -173,6 +173,7 @@ class ConnectionPool:
                 con = self._idle.pop()[0]
                 if not con.is_closed():
                     return con
+                self._opened.pop(con, None)  # closed while idle (a server restart, say)
             import asyncpg
 
             con = await asyncpg.connect(self._dsn)
@@ -184,7 +185,7 @@ class ConnectionPool:
 
     def release(self, con: asyncpg.Connection[Any], clean: bool) -> None:
         """Give ``con`` back. ``clean``: no transaction is open and the session was reset;
-        otherwise (or if the pool is closed) the connection is dropped."""
+        otherwise the connection is dropped (closed, if the pool is closed)."""
         self._slots.release()
         if not clean or con.is_closed():
             self._opened.pop(con, None)
