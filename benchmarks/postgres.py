@@ -82,6 +82,26 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
+async def floor(conn: Any, *, schema: str, touch: bool = False) -> None:
+    """P6's floor: BEGIN; the lock + watermark statement; one insert; COMMIT (raw asyncpg).
+    ``touch``: plus one statement, the twin of a handler that uses its connection."""
+    await conn.execute("BEGIN")
+    await conn.fetchrow(
+        f"SELECT pg_try_advisory_xact_lock($1), (SELECT last_slot FROM {schema}.jobs "
+        "WHERE namespace = $2 AND job_id = $3)",
+        12345,
+        "default",
+        "empty",
+    )
+    if touch:
+        await conn.execute("SELECT 1")
+    await conn.execute(
+        f"INSERT INTO {schema}.runs (namespace, job_id, slot, started_at, finished_at, "
+        "outcome, owner) VALUES ('floor', 'x', now(), now(), now(), 'success', 'bench')"
+    )
+    await conn.execute("COMMIT")
+
+
 async def p6(dsn: str, ticks: int) -> dict[str, Any]:
     # ticklock runs on the pool it creates itself (the default), with plain connections; the
     # round trips are counted afterwards by a second scheduler whose connections count them.
@@ -102,22 +122,7 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
 
     scheduler = build()
 
-    async def floor_tick(conn: Any, touch: bool = False) -> None:
-        await conn.execute("BEGIN")
-        await conn.fetchrow(
-            f"SELECT pg_try_advisory_xact_lock($1), (SELECT last_slot FROM {schema}.jobs "
-            "WHERE namespace = $2 AND job_id = $3)",
-            12345,
-            "default",
-            "empty",
-        )
-        if touch:
-            await conn.execute("SELECT 1")
-        await conn.execute(
-            f"INSERT INTO {schema}.runs (namespace, job_id, slot, started_at, finished_at, "
-            "outcome, owner) VALUES ('floor', 'x', now(), now(), now(), 'success', 'bench')"
-        )
-        await conn.execute("COMMIT")
+    floor_tick = partial(floor, schema=schema)
 
     tick_ms: list[float] = []
     floor_ms: list[float] = []
