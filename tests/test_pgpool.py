@@ -146,25 +146,31 @@ async def test_a_listener_a_handler_leaves_never_hears_a_later_tick(
     # reset can, so a connection a handler left a callback on is closed instead of reused.
     scheduler = Scheduler(pg_dsn, schema=pg_schema)
     heard: list[str] = []
+    first_heard = anyio.Event()
     pids: list[int] = []
     register = [True]
+
+    def listener(_conn: Any, message: Any) -> None:
+        heard.append(message.message)
+        first_heard.set()
 
     @scheduler.job(every(3600, initial_delay=3000), id="noisy")
     async def noisy(ctx: JobContext) -> None:
         assert ctx.conn is not None
         pids.append(ctx.conn.get_server_pid())
         if register[0]:
-            ctx.conn.add_log_listener(lambda _conn, message: heard.append(message.message))
+            ctx.conn.add_log_listener(listener)
         await ctx.conn.execute("DO $$ BEGIN RAISE NOTICE 'tick'; END $$")
 
     async with scheduler:
         assert (await scheduler.run_now("noisy")).outcome is Outcome.SUCCESS
-        await anyio.sleep(0.05)  # log listeners are called soon after, not at once
+        with anyio.fail_after(5):  # log listeners are called soon after, not at once
+            await first_heard.wait()
         assert heard == ["tick"]
         register[0] = False
         for _ in range(2):
             assert (await scheduler.run_now("noisy")).outcome is Outcome.SUCCESS
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()  # a notice's callback would have run by now
     assert heard == ["tick"], "a later tick's notice reached the first tick's listener"
     assert pids[1] != pids[0] and pids[2] == pids[1]  # only the connection with a callback went
 
@@ -182,7 +188,7 @@ async def test_the_pool_reuses_the_latest_connection_and_waits_at_its_size(pg_ds
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(third)
-            await anyio.sleep(0.05)
+            await anyio.wait_all_tasks_blocked()
             assert got == [], "a third connection while two are in use"
             pool.release(a, clean=True)
         assert got[0].get_server_pid() == pid_a  # the released one, not a new one
@@ -212,8 +218,7 @@ async def test_the_pool_drops_unclean_closed_and_long_idle_connections(
         assert c is not a and not c.is_closed()
 
         pool.release(c, clean=True)
-        monkeypatch.setattr(_pgpool, "MAX_IDLE", 0.0)
-        await anyio.sleep(0.01)
+        monkeypatch.setattr(_pgpool, "MAX_IDLE", -1.0)  # any idle time is too long
         pool.release(b, clean=True)  # c has been idle longer than MAX_IDLE: closed
         await eventually(closed(c), 5, "the long-idle connection to close")
         assert not b.is_closed()
