@@ -10,6 +10,7 @@ import anyio
 import asyncpg
 import pytest
 
+import ticklock._postgres
 from helpers import add_lock_holder, at, eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Outcome, Scheduler, SystemClock, cron, every, lock_key
@@ -204,6 +205,44 @@ async def test_timeout_and_shutdown_roll_back_and_are_recorded(
     )
     assert leftovers == 0
     assert await count(pg_conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+
+
+async def test_a_commit_cut_short_by_its_bound_is_an_error_not_a_success(
+    pg_dsn: str,
+    pg_schema: str,
+    pg_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The commit runs shielded but bounded (a stalled server or network must not hang the
+    # tick). A commit the bound cut short had been reported as a success: the watermark
+    # rolled back while the run, its gauge and health said it had committed.
+    monkeypatch.setattr(ticklock._postgres, "CLEANUP_SECONDS", 0.5)
+    caplog.set_level(logging.WARNING, logger="ticklock")
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(every(3600, initial_delay=3000), id="stalled")
+    async def stalled(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:
+        # another session holds the job's row, so the tick's watermark write waits on it
+        holder = pg_conn.transaction()
+        await holder.start()
+        await pg_conn.execute(f"SELECT FROM {pg_schema}.jobs WHERE job_id = 'stalled' FOR UPDATE")
+        with anyio.fail_after(10):
+            result = await scheduler.run_now("stalled")
+        await holder.rollback()
+        health = {h.job_id: h for h in scheduler.health()}["stalled"]
+    assert result.outcome is Outcome.ERROR
+    assert result.error is not None and "did not finish within 0.5 s" in result.error
+    assert health.last_success is None and health.consecutive_failures == 1
+    watermark = await pg_conn.fetchval(
+        f"SELECT last_slot FROM {pg_schema}.jobs WHERE job_id = 'stalled'"
+    )
+    assert watermark is None
+    # its failure record waited on the same row and was cut short too: that is said, not lost
+    assert any("could not record the error of stalled" in r.message for r in caplog.records)
 
 
 async def test_catch_up_covers_a_window_missed_by_the_whole_fleet(

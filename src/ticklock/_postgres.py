@@ -91,6 +91,11 @@ class _PgAttempt:
         report = None if result.report is None else json.dumps(result.report)
         with self._coordinator.shielded():
             await self._write(result, report, overdue_at(job, result.finished_at))
+        if self._open:  # the cleanup bound cut it short: never report that as a success
+            raise TimeoutError(
+                f"the commit did not finish within {CLEANUP_SECONDS:g} s (a stalled server "
+                "or network): the tick is rolled back, unless its COMMIT had reached the server"
+            )
 
     async def _write(
         self, result: RunResult, report: str | None, overdue_at: datetime | None
@@ -330,8 +335,10 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def record_failure(self, result: RunResult) -> None:
         """Record a run that did not commit, in its own short transaction."""
-        with self.shielded():
+        with self.shielded() as scope:
             await self._record(result)
+        if scope.cancelled_caught:
+            raise TimeoutError(f"the record did not finish within {CLEANUP_SECONDS:g} s")
 
     async def _record(self, result: RunResult) -> None:
         async with self._connection() as conn:
