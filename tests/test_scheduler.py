@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import gc
 import random
+import weakref
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -195,6 +197,39 @@ async def test_add_and_remove_while_running_take_effect_at_once() -> None:
         await clock.advance(50)
     assert runs == [("slow", 0), ("fast", 5), ("fast", 15), ("fast", 25)]
     assert "fast" not in scheduler.jobs
+
+
+async def test_removed_and_rescheduled_jobs_do_not_pile_up_in_memory() -> None:
+    # A job set that follows configuration adds and removes jobs while running, and run_now()
+    # re-plans a job before its deadline. Neither may leave the superseded deadlines (and
+    # the removed handlers they hold) waiting until they come due, a day later here.
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    handlers: list[weakref.ref[Any]] = []
+
+    async def kept(ctx: JobContext) -> None:
+        pass
+
+    scheduler.add(kept, every(hours=24), id="kept")
+    async with scheduler:
+        for i in range(1000):
+
+            async def handler(ctx: JobContext) -> None:
+                pass
+
+            handlers.append(weakref.ref(handler))
+            scheduler.add(handler, every(hours=24, initial_delay=3600), id=f"dynamic-{i}")
+            scheduler.remove(f"dynamic-{i}")
+            del handler
+        for _ in range(1000):
+            await scheduler.run_now("kept")
+        gc.collect()
+        alive = sum(ref() is not None for ref in handlers)
+        assert alive < 100, f"{alive} of 1,000 removed handlers are still held"
+        deadlines = len(scheduler._dispatcher._heap)
+        assert deadlines < 200, f"{deadlines} deadlines held for one job"
+        await clock.advance(24 * 3600)
+    assert scheduler.jobs.keys() == {"kept"}
 
 
 async def test_disabled_job_is_declared_but_never_runs() -> None:

@@ -32,6 +32,8 @@ STEP_TOLERANCE = 0.1
 """A change of the wall-minus-monotonic offset larger than this re-plans cron deadlines."""
 BLOCKED_WARNING = 1.0
 """Waking this many seconds past a deadline means the event loop was blocked: warn."""
+MIN_COMPACT = 64
+"""Superseded heap items are dropped once there are more than this and than live ones."""
 
 logger = logging.getLogger("ticklock")
 
@@ -46,6 +48,7 @@ class Entry:
         "is_cron",
         "jitter",
         "job",
+        "queued",
         "removed",
         "running",
         "since",
@@ -61,6 +64,7 @@ class Entry:
         self.jitter = 0.0
         self.deadline = math.inf
         self.generation = 0
+        self.queued = False  # its current deadline is in the heap
         self.running = False
         self.removed = False
         self.since: datetime | None = None  # when it was scheduled: the overdue base
@@ -81,13 +85,14 @@ class Dispatcher:
         self._wake: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
         self._offset: float | None = None
+        self._stale = 0  # heap items superseded before they came due
         self.cron_jobs = 0
 
     def schedule(
         self, entry: Entry, slot: datetime | None, *, retry_after: float | None = None
     ) -> None:
         """Plan ``entry`` for ``slot`` (plus fresh jitter), or re-align after ``retry_after`` s."""
-        entry.generation += 1
+        self.forget(entry)
         clock = self._clock
         # The wall clock first: the time between the two reads then makes the deadline late,
         # never early (a fixed delay must be at least the interval).
@@ -99,7 +104,6 @@ class Dispatcher:
             entry.deadline = now_m + retry_after
         elif slot is None:  # the schedule is over
             entry.slot = entry.fire_at = None
-            entry.deadline = math.inf
             return
         else:
             jitter_max = entry.job.trigger.jitter
@@ -110,6 +114,7 @@ class Dispatcher:
             wait = (entry.fire_at - now).total_seconds()
             entry.deadline = now_m + wait if wait > 0 else now_m
         heapq.heappush(self._heap, (entry.deadline, entry.generation, entry))
+        entry.queued = True
         if entry.deadline < self._sleeping_until and self._wake is not None:
             self._wake.cancel()
 
@@ -117,6 +122,17 @@ class Dispatcher:
         """Forget ``entry``'s deadline (its heap item goes stale)."""
         entry.generation += 1
         entry.deadline = math.inf
+        if entry.queued:
+            entry.queued = False
+            self._stale += 1
+            # A removed job, or one re-planned early (run_now), leaves its old item until it
+            # would have come due: a day later for a daily job. Past half the heap, drop them
+            # all (amortised O(1) per item), so that neither memory nor the removed handlers
+            # the items hold pile up.
+            if self._stale > MIN_COMPACT and 2 * self._stale > len(self._heap):
+                self._heap[:] = [item for item in self._heap if item[1] == item[2].generation]
+                heapq.heapify(self._heap)
+                self._stale = 0
 
     def wake(self) -> None:
         """Make the loop re-read its deadlines now."""
@@ -146,13 +162,18 @@ class Dispatcher:
                 self._watch_wall(now, now_m)
             while heap and heap[0][0] <= now_m:
                 _, generation, entry = heapq.heappop(heap)
-                if generation != entry.generation or entry.running:
+                if generation != entry.generation:
+                    self._stale -= 1
+                    continue
+                entry.queued = False
+                if entry.running:
                     continue
                 fire_at = entry.fire_at
                 if now is not None and fire_at is not None and fire_at > now and entry.is_cron:
                     # never fire a cron job early (the wall clock stepped back)
                     entry.deadline = now_m + (fire_at - now).total_seconds()
                     heapq.heappush(heap, (entry.deadline, generation, entry))
+                    entry.queued = True
                     continue
                 entry.running = True
                 due.append(entry)
@@ -189,9 +210,12 @@ class Dispatcher:
         self._offset = offset
         rebuilt = []
         for deadline, generation, entry in self._heap:
-            if generation == entry.generation and entry.fire_at is not None and entry.is_cron:
+            if generation != entry.generation:
+                continue  # superseded: dropped while rebuilding anyway
+            if entry.fire_at is not None and entry.is_cron:
                 wait = (entry.fire_at - now).total_seconds()
                 deadline = entry.deadline = now_m + max(wait, 0.0)
             rebuilt.append((deadline, generation, entry))
         heapq.heapify(rebuilt)
         self._heap[:] = rebuilt
+        self._stale = 0
