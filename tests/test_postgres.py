@@ -302,6 +302,55 @@ async def test_two_schedulers_locked_and_skipped(pg_dsn: str, pg_schema: str) ->
         assert h.last_success is not None
 
 
+async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs_it(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # A replica that finds the lock held learns the outcome of that run only at its next
+    # attempt, a period later. Judged from the success it last read, it called the job overdue
+    # in between, at every slot the other replica ran (45 % of the time in a real two-replica
+    # run): a /health endpoint on every follower flapped to 503 while the job was fine.
+    clock = ManualClock(at("2030-01-01T00:00:00Z"))
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
+    runs: list[str] = []
+
+    @scheduler.job(every(100, initial_delay=50), id="shared", timeout=10, overdue_grace=1)
+    async def shared(ctx: JobContext) -> None:
+        runs.append(ctx.slot.strftime("%H:%M:%S"))
+        if len(runs) > 1:
+            raise RuntimeError("the run after the other replica's fails")
+
+    def overdue() -> bool:
+        return {h.job_id: h for h in scheduler.health()}["shared"].overdue
+
+    key = lock_key("default", "shared")
+    with run_log() as log:
+        async with scheduler:
+            assert (await scheduler.run_now("shared")).outcome is Outcome.SUCCESS  # 00:00:00
+            # another replica holds the job's lock from now on: it is running the job
+            await pg_conn.execute("SELECT pg_advisory_lock($1)", key)
+            await clock.advance(100)
+
+            async def locked() -> bool:
+                return "locked" in log.outcomes("shared")
+
+            await eventually(locked, 10, "the 00:01:40 attempt to find the lock held")
+            # past the limit of the success this replica read (00:01:40 + 10 s + 1 s): that
+            # run may have succeeded, so not overdue
+            await clock.advance(12)
+            assert not overdue()
+            # the other replica's run ended without a success; this replica's retry, a period
+            # after it found the lock held, reads that, runs the slot and fails: overdue at once
+            await pg_conn.execute("SELECT pg_advisory_unlock($1)", key)
+            await clock.advance(88)
+
+            async def failed() -> bool:
+                return "failure" in log.outcomes("shared")
+
+            await eventually(failed, 10, "the retry to run and fail")
+            assert overdue()
+    assert runs == ["00:00:00", "00:01:40"]
+
+
 async def _is_set(event: anyio.Event) -> bool:
     return event.is_set()
 

@@ -45,6 +45,7 @@ class Entry:
         "deadline",
         "fire_at",
         "generation",
+        "held_at",
         "is_cron",
         "jitter",
         "job",
@@ -69,6 +70,9 @@ class Entry:
         self.removed = False
         self.since: datetime | None = None  # when it was scheduled: the overdue base
         self.state: FleetState | None = None  # the fleet's state as this replica last saw it
+        # when this replica last found the job's lock held by a run elsewhere, since it last
+        # read the fleet's state: that run's outcome is learnt at the next attempt
+        self.held_at: datetime | None = None
 
     def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
         return id(self) < id(other)

@@ -336,10 +336,17 @@ class Scheduler:
             entry.running = False
         self._after(entry, result, state)
 
-    def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
-        job = entry.job
+    @staticmethod
+    def _observe(entry: Entry, result: RunResult, state: FleetState | None) -> None:
         if state is not None:
             entry.state = state
+            entry.held_at = None
+        elif result.outcome is Outcome.LOCKED:
+            entry.held_at = result.finished_at
+
+    def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
+        job = entry.job
+        self._observe(entry, result, state)
         if entry.removed or self._status != "running":
             return
         if result.outcome is Outcome.LOCKED:
@@ -367,10 +374,9 @@ class Scheduler:
         job = entry.job
         assert self._runner is not None
         result, state = await self._runner.execute(job, None, manual=True)
-        if state is not None:
-            entry.state = state
-            if job.enabled and not entry.running and not entry.removed:
-                self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
+        self._observe(entry, result, state)
+        if state is not None and job.enabled and not entry.running and not entry.removed:
+            self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
         return result
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
@@ -384,6 +390,12 @@ class Scheduler:
             next_fire = entry.fire_at if self._status == "running" else None
             overdue = False
             base = state.last_success_at or entry.since
+            if entry.held_at is not None and base is not None:
+                # Another replica was running the job when this one last tried. That run
+                # may have succeeded, by the time it was seen plus its timeout, and this
+                # replica learns whether at its next attempt (a period later): until then,
+                # presume it did, or every follower would report a healthy job overdue.
+                base = max(base, entry.held_at + timedelta(seconds=job.timeout))
             if job.enabled and self._status == "running" and base is not None:
                 limit = _plan.overdue_at(job, base)
                 overdue = limit is not None and now > limit
