@@ -98,7 +98,8 @@ class JobHealth:
     consecutive_failures: int
     overdue: bool
     """A success was due by (first fire after the last success, or after start) + timeout +
-    overdue grace, and has not come."""
+    overdue grace, and has not come. A replica that last found the job running on another
+    replica presumes that run succeeded until its next attempt reads the outcome."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
