@@ -199,6 +199,27 @@ async def test_add_and_remove_while_running_take_effect_at_once() -> None:
     assert "fast" not in scheduler.jobs
 
 
+async def test_a_stopped_scheduler_still_says_when_its_jobs_are_overdue() -> None:
+    # A scheduler that stopped while the process lives on (left early, or its run() task
+    # died) runs nothing: its health() must not keep saying every job is fine.
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    @scheduler.job(every(60), id="work", timeout=10, overdue_grace=5)
+    async def work(ctx: JobContext) -> None:
+        pass
+
+    (h,) = scheduler.health()
+    assert not h.overdue  # never started: nothing was due
+    async with scheduler:
+        await clock.advance(1)
+    await clock.advance(60 + 10 + 5 - 1)
+    (h,) = scheduler.health()
+    assert h.last_success == T0 and h.next_fire is None and not h.overdue
+    await clock.advance(1.5)
+    assert scheduler.health()[0].overdue
+
+
 async def test_removed_and_rescheduled_jobs_do_not_pile_up_in_memory() -> None:
     # A job set that follows configuration adds and removes jobs while running, and run_now()
     # re-plans a job before its deadline. Neither may leave the superseded deadlines (and

@@ -396,7 +396,9 @@ class Scheduler:
                 # replica learns whether at its next attempt (a period later): until then,
                 # presume it did, or every follower would report a healthy job overdue.
                 base = max(base, entry.held_at + timedelta(seconds=job.timeout))
-            if job.enabled and self._status == "running" and base is not None:
+            # judged whether or not the scheduler still runs: one that stopped while the
+            # process lives on runs nothing, and must not keep saying every job is fine
+            if job.enabled and base is not None:
                 limit = _plan.overdue_at(job, base)
                 overdue = limit is not None and now > limit
             result.append(
