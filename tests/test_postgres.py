@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ import ticklock._postgres
 from helpers import add_lock_holder, at, eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Outcome, Scheduler, SystemClock, cron, every, lock_key
-from ticklock._schema import migrate
+from ticklock._schema import Retention, migrate
 from ticklock.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -413,7 +414,9 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
 async def test_retention_is_a_listed_job_that_prunes_old_runs(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
-    scheduler = Scheduler(pg_dsn, schema=pg_schema, retention=timedelta(days=1))
+    # on a clock that stands still, only run_now() runs it
+    clock = ManualClock(at("2030-01-01T00:00:00Z"))
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, retention=timedelta(days=1), clock=clock)
     assert "ticklock.retention" in scheduler.jobs
     async with scheduler:
         await pg_conn.execute(
@@ -423,9 +426,43 @@ async def test_retention_is_a_listed_job_that_prunes_old_runs(
             "('default', 'new', now(), now(), now(), 'success', 'x')"
         )
         result = await scheduler.run_now("ticklock.retention")
-    assert result.outcome is Outcome.SUCCESS and result.report == {"deleted": 1}
+    assert result.outcome is Outcome.SUCCESS
+    assert result.report == {"deleted": 1, "capped": False}
     jobs = [r["job_id"] for r in await pg_conn.fetch(f"SELECT job_id FROM {pg_schema}.runs")]
     assert "old" not in jobs and "new" in jobs
+
+
+async def test_retention_works_off_a_backlog_batch_by_batch_and_says_so(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run deletes one bounded batch (a short tick) and says when it left a backlog; the
+    # job runs every minute, so that a busy fleet's history does not outgrow it.
+    monkeypatch.setattr(Retention, "BATCH", 2)
+    clock = ManualClock(at("2030-01-01T00:00:00Z"))
+    scheduler = Scheduler(
+        pg_dsn,
+        schema=pg_schema,
+        retention=timedelta(days=1),
+        clock=clock,
+        random=random.Random(1),  # its first slot's jitter: 1.3 s, after the four run_now()
+    )
+    assert scheduler.jobs["ticklock.retention"].trigger.period == 60
+    async with scheduler:
+        await pg_conn.execute(
+            f"INSERT INTO {pg_schema}.runs (namespace, job_id, started_at, finished_at, outcome, "
+            "owner) SELECT 'default', 'old', now() - interval '3 days', "
+            "now() - interval '3 days', 'success', 'x' FROM generate_series(1, 5)"
+        )
+        reports = []
+        for _ in range(4):
+            reports.append((await scheduler.run_now("ticklock.retention")).report)
+            await clock.advance(0.001)  # run_now's slot is now: one run per instant
+    assert reports == [
+        {"deleted": 2, "capped": True},
+        {"deleted": 2, "capped": True},
+        {"deleted": 1, "capped": False},
+        {"deleted": 0, "capped": False},
+    ]
 
 
 async def test_a_skewed_replica_clock_logs_a_warning(

@@ -98,7 +98,7 @@ class Scheduler:
                 Retention(self.schema, self.namespace, self.retention),
                 _retention_trigger(),
                 id="ticklock.retention",
-                timeout=60,
+                timeout=30,
             )
 
     def use_dsn(self, dsn: str) -> None:
@@ -461,4 +461,6 @@ def _default_owner() -> str:
 def _retention_trigger() -> Trigger:
     from ._triggers import every
 
-    return every(hours=1, jitter=300)
+    # every minute: an hourly batch of 10,000 kept up with 240,000 runs a day, and a fleet
+    # running 250 jobs a second records 21 million (the history grew for ever)
+    return every(minutes=1, jitter=10)
