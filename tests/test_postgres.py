@@ -465,6 +465,55 @@ async def test_retention_works_off_a_backlog_batch_by_batch_and_says_so(
     ]
 
 
+async def test_a_changed_schedule_moves_the_overdue_instant_that_status_reads(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # `ticklock status` judges a job overdue from the instant stored with its last success.
+    # A deploy that lengthens the job's period must move it at start, or status reports the
+    # job overdue until its first success on the new schedule (a day, here).
+    start = at("2030-01-01T00:00:00Z")
+
+    async def tidy(ctx: JobContext) -> None:
+        pass
+
+    def build(period: float) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=ManualClock(start))
+        scheduler.add(tidy, every(period, initial_delay=60), id="tidy", timeout=5, overdue_grace=1)
+        return scheduler
+
+    async def stored() -> Any:
+        return await pg_conn.fetchval(
+            f"SELECT overdue_at FROM {pg_schema}.jobs WHERE job_id = 'tidy'"
+        )
+
+    hourly = build(3600)
+    async with hourly:
+        assert (await hourly.run_now("tidy")).outcome is Outcome.SUCCESS  # at 00:00:00
+    assert await stored() == at("2030-01-01T01:00:06Z")  # + 1 h + timeout + grace
+    async with build(86400):  # deployed as a daily job; it does not run here
+        pass
+    assert await stored() == at("2030-01-02T00:00:06Z")
+    # replicas that start together with a changed schedule update the row one at a time
+    await pg_conn.execute(f"UPDATE {pg_schema}.jobs SET overdue_at = NULL")
+    fleet = [build(86400) for _ in range(4)]
+    async with anyio.create_task_group() as tg:
+        for replica in fleet:
+            tg.start_soon(replica.run)
+
+        async def started() -> bool:
+            return all(h.next_fire is not None for r in fleet for h in r.health())
+
+        await eventually(started, 10, "four replicas to start together")
+        tg.cancel_scope.cancel()
+    assert await stored() == at("2030-01-02T00:00:06Z")
+    version = f"SELECT xmin::text FROM {pg_schema}.jobs WHERE job_id = 'tidy'"
+    before = await pg_conn.fetchval(version)
+    async with build(86400):  # unchanged since: the row is not written again
+        pass
+    assert await stored() == at("2030-01-02T00:00:06Z")
+    assert await pg_conn.fetchval(version) == before
+
+
 async def test_a_skewed_replica_clock_logs_a_warning(
     pg_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:

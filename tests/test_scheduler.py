@@ -72,9 +72,9 @@ async def test_the_first_slot_is_planned_from_when_the_fleet_state_was_read() ->
     coordinator: Any = scheduler._coordinator
     load = coordinator.load
 
-    async def slow_load(jobs: dict[str, datetime | None]) -> Any:
+    async def slow_load(jobs: Any, now: datetime) -> Any:
         await clock.advance(2)  # the load took 2 s
-        return await load(jobs)
+        return await load(jobs, now)
 
     coordinator.load = slow_load
     async with scheduler:

@@ -6,6 +6,7 @@ process (local mode). ``ticklock._postgres.PostgresCoordinator`` keeps it in Pos
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -75,9 +76,10 @@ class Coordinator(Protocol):
         """Release what :meth:`open` took."""
         ...
 
-    async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
-        """Register ``jobs`` (id: when it is overdue without a success) and return the fleet
-        state of every job of the namespace."""
+    async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
+        """Register ``jobs`` (overdue from ``now`` until their first success, and from their
+        last success on the schedule declared now) and return the fleet state of every job
+        of the namespace."""
         ...
 
     async def attempt(self, job_id: str, budget: float) -> Attempt:
@@ -126,7 +128,7 @@ class LocalCoordinator:
     async def close(self) -> None:
         """Nothing to release in local mode."""
 
-    async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
+    async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """A copy of the in-process state."""
         return {job_id: s.copy() for job_id, s in self.states.items()}
 

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -53,6 +53,7 @@ CLEANUP_SECONDS = 5.0
 """How long cleanup (commit, rollback, release, failure record) may take, shielded."""
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
+_RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
 
 
 class SlotAlreadyCommitted(RuntimeError):
@@ -190,8 +191,14 @@ class PostgresCoordinator:
             "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
             "ON CONFLICT (namespace, job_id) DO NOTHING"
         )
+        self.sql_reschedule = (
+            f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
+            "FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[]) AS v(id, success, due) "
+            "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_success_at = v.success "
+            "AND j.overdue_at IS DISTINCT FROM v.due"
+        )
         self.sql_load = (
-            "SELECT job_id, last_slot, last_end, last_success_at, consecutive_failures "
+            "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, consecutive_failures "
             f"FROM {s}.jobs WHERE namespace = $1"
         )
         self.sql_commit = f"""
@@ -285,12 +292,39 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         if pool is not None:
             await pool.close()
 
-    async def load(self, jobs: dict[str, datetime | None]) -> dict[str, FleetState]:
-        """Register the jobs (a row each, if new) and read the namespace's fleet state."""
+    async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
+        """Register the jobs (a row each, if new), read the namespace's fleet state, and move
+        the overdue instants that ``ticklock status`` reads to the schedules declared now."""
         async with self._connection() as conn:
-            await conn.execute(self.sql_register, self.namespace, list(jobs), list(jobs.values()))
+            await conn.execute(
+                self.sql_register,
+                self.namespace,
+                list(jobs),
+                [overdue_at(job, now) for job in jobs.values()],
+            )
             rows = await conn.fetch(self.sql_load, self.namespace)
-        return {row["job_id"]: FleetState(*tuple(row)[1:]) for row in rows}
+            states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}
+            # A commit stores the instant from its own schedule; a deploy that changed the
+            # schedule would leave status judging by the old one until the next success.
+            moved = [
+                (row["job_id"], row["last_success_at"], due)
+                for row in rows
+                if row["job_id"] in jobs
+                and row["last_success_at"] is not None
+                and (due := overdue_at(jobs[row["job_id"]], row["last_success_at"]))
+                != row["overdue_at"]
+            ]
+            if moved:
+                # Replicas that start together would update the same rows: one at a time,
+                # never in two orders (a deadlock). A row whose last success moved since it
+                # was read is left to the commit that moved it.
+                async with conn.transaction():
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock($1)", lock_key(self.schema, _RESCHEDULE)
+                    )
+                    ids, successes, dues = (list(column) for column in zip(*moved, strict=True))
+                    await conn.execute(self.sql_reschedule, self.namespace, ids, successes, dues)
+        return states
 
     def _begin_sql(self, job_id: str, budget: float) -> str:
         sql = self._begin.get((job_id, budget))

@@ -272,7 +272,7 @@ class Scheduler:
         now = self._clock.now()
         entries = self._entries.values()
         states = await self._coordinator.load(
-            {e.job.id: _plan.overdue_at(e.job, now) for e in entries if e.job.enabled}
+            {e.job.id: e.job for e in entries if e.job.enabled}, now
         )
         # Plan from when the fleet's state is known, not from before it was read: a first
         # slot planned before the load would start late by however long the load took.
