@@ -103,6 +103,31 @@ async def test_success_commits_writes_watermark_and_record_together(
     assert report is not None and '"st"' in report
 
 
+async def test_a_handler_that_ends_the_tick_transaction_gets_an_error_not_a_success(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    # A COMMIT through ctx.conn ends the tick's transaction and releases the job's lock with
+    # it: what the handler writes after that is not guarded. That run used to commit its
+    # watermark in autocommit and report a success.
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(every(3600, initial_delay=3000), id="committer")
+    async def committer(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'before')", ctx.slot)
+        await ctx.conn.execute("COMMIT")
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'unguarded')", ctx.slot)
+
+    async with scheduler:
+        result = await scheduler.run_now("committer")
+    assert result.outcome is Outcome.ERROR
+    assert result.error is not None and "ended the tick's transaction" in result.error
+    watermark = await pg_conn.fetchval(
+        f"SELECT last_slot FROM {pg_schema}.jobs WHERE job_id = 'committer'"
+    )
+    assert watermark is None  # the slot is not marked done: the next run covers it again
+
+
 async def test_set_local_never_leaks_to_the_pooled_connection(pg_dsn: str, pg_schema: str) -> None:
     pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
     try:

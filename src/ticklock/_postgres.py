@@ -60,6 +60,10 @@ class SlotAlreadyCommitted(RuntimeError):
     """The watermark was already at or past this slot: the commit was refused."""
 
 
+class TransactionEnded(RuntimeError):
+    """The handler ended the tick's transaction itself: the lock went with it."""
+
+
 class _PgAttempt:
     __slots__ = (
         "_con",
@@ -102,6 +106,13 @@ class _PgAttempt:
         self, result: RunResult, report: str | None, overdue_at: datetime | None
     ) -> None:
         assert self._con is not None
+        if not self._con.is_in_transaction():
+            raise TransactionEnded(
+                "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
+                "ctx.conn), which released the job's lock: what it wrote after that was not "
+                "guarded, and the slot is not marked done. Leave the transaction to ticklock; "
+                "for a partial rollback use 'async with ctx.conn.transaction()' (a savepoint)"
+            )
         c = self._coordinator
         written = await self._con.fetchval(
             c.sql_commit,
