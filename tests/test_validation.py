@@ -85,6 +85,30 @@ def sync_handler(ctx: JobContext) -> None:
             "tz",
             id="empty_zone",
         ),
+        pytest.param(
+            lambda: every(days=10**9),
+            r"^every\(\): interval must be at most 100 years",
+            "interval",
+            id="interval_beyond_timedelta",
+        ),
+        pytest.param(
+            lambda: every(1e12),
+            r"^every\(\): interval must be at most 100 years, got 1e\+12 s$",
+            "interval",
+            id="interval_beyond_the_calendar",
+        ),
+        pytest.param(
+            lambda: every(days="1"),  # type: ignore[arg-type]
+            r"^every\(\): interval must be seconds \(a number\) or a timedelta",
+            "interval",
+            id="string_days",
+        ),
+        pytest.param(
+            lambda: every(10, initial_delay=timedelta(days=10**6)),
+            r"^every\(\): initial_delay must be at most 100 years",
+            "initial_delay",
+            id="initial_delay_beyond_the_calendar",
+        ),
     ],
 )
 def test_trigger_errors(make: object, message: str, field: str) -> None:
@@ -194,6 +218,22 @@ def test_ids_and_namespaces_must_be_short_strings(bad: object) -> None:
         Scheduler().add(handler, every(10), id=bad)  # type: ignore[arg-type]
     with pytest.raises(ScheduleError, match=r"^namespace must be a non-empty string of at most"):
         Scheduler(namespace=bad)  # type: ignore[arg-type]
+
+
+def test_names_with_a_nul_character_are_refused() -> None:
+    # PostgreSQL text cannot hold NUL: such a job would fail at every tick, not at declaration
+    with pytest.raises(ScheduleError, match=r"^id must not contain NUL") as info:
+        Scheduler().add(handler, every(10), id="a\x00b")
+    assert info.value.field == "id"
+    with pytest.raises(ScheduleError, match=r"^namespace must not contain NUL"):
+        Scheduler(namespace="a\x00")
+    with pytest.raises(ScheduleError, match=r"^owner must not contain NUL"):
+        Scheduler(owner="host\x00")
+
+
+def test_job_durations_beyond_the_calendar_are_refused() -> None:
+    with pytest.raises(ScheduleError, match=r"^job 'x': overdue_grace must be at most 100 years"):
+        Scheduler().add(handler, every(10), id="x", overdue_grace=timedelta(days=10**6))
 
 
 @pytest.mark.parametrize("schema", ["", "drop table x;", "a-b", '"x"', "1abc", "a" * 64, "ä"])

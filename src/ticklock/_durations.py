@@ -12,6 +12,8 @@ Duration = float | int | timedelta
 """A duration: seconds as a number, or a :class:`datetime.timedelta`."""
 
 MAX_NAME = 200
+MAX_SECONDS = 100 * 365.25 * 86400
+"""The longest duration accepted: 100 years (a slot must stay a date the calendar has)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -34,6 +36,10 @@ def seconds(
         raise ScheduleError(
             f"{field} must be {need} and finite, got {result:g} s", job_id=job_id, field=field
         )
+    if result > MAX_SECONDS:
+        raise ScheduleError(
+            f"{field} must be at most 100 years, got {result:g} s", job_id=job_id, field=field
+        )
     return result
 
 
@@ -43,6 +49,13 @@ def name(value: object, field: str, *, job_id: str | None = None) -> str:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
         raise ScheduleError(
             f"{field} must be a non-empty string of at most {MAX_NAME} characters, got {shown!r}",
+            job_id=job_id,
+            field=field,
+        )
+    if "\x00" in value:
+        raise ScheduleError(
+            f"{field} must not contain NUL characters (PostgreSQL text cannot store them), "
+            f"got {value!r}",
             job_id=job_id,
             field=field,
         )

@@ -128,7 +128,20 @@ def every(
         @scheduler.job(every(minutes=15, jitter=30))
         async def purge(ctx: JobContext) -> None: ...
     """
-    parts = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    try:
+        parts = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    except OverflowError:
+        raise ScheduleError(
+            "every(): interval must be at most 100 years, got days/hours/minutes/seconds beyond "
+            "what a timedelta holds",
+            field="interval",
+        ) from None
+    except TypeError:
+        shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
+        raise ScheduleError(
+            f"every(): interval must be seconds (a number) or a timedelta, got {shown!r}",
+            field="interval",
+        ) from None
     if interval is not None and parts:
         raise ScheduleError(
             "every(): give the interval either positionally or as days/hours/minutes/seconds, "
