@@ -392,7 +392,7 @@ async def p7_aps4(dsn: str, replicas: int, jobs: int, seconds: float) -> dict[st
         for proc in procs:
             try:
                 await asyncio.wait_for(proc.wait(), 30)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
         await admin.close()
         runs = []  # (schedule, scheduled fire, started)

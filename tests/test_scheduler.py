@@ -531,6 +531,36 @@ async def test_a_handler_that_blocks_the_event_loop_is_warned_about(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_handler_that_lets_a_cancelled_error_out_fails_and_keeps_its_schedule() -> None:
+    # Awaiting a task or future that something cancelled raises CancelledError in the
+    # handler, though nobody cancelled the run. That was taken for a shutdown: the run was
+    # logged "cancelled by shutdown" at INFO and the job was never scheduled again.
+    import asyncio
+
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    slots: list[float] = []
+
+    @scheduler.job(every(10), id="awaits-a-cancelled-task")
+    async def awaits_a_cancelled_task(ctx: JobContext) -> None:
+        slots.append(elapsed(clock, ctx.slot))
+        helper = asyncio.create_task(asyncio.sleep(60))
+        await asyncio.sleep(0)
+        helper.cancel()
+        await helper
+
+    with run_log() as log:
+        async with scheduler:
+            await clock.advance(25)
+    assert slots == [0, 10, 20]
+    runs = [r for r in log.runs if r.job_id == "awaits-a-cancelled-task"]
+    assert [r.outcome for r in runs] == ["failure"] * 3
+    assert "CancelledError" in (runs[0].error or "")
+    (health,) = scheduler.health()
+    assert health.consecutive_failures == 3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_runs_come_from_the_loops_task_factory_when_it_has_one() -> None:
     # Instrumentation sets a task factory; runs must not bypass it (eager start on 3.12+
     # builds tasks directly, so it is used only without a factory).

@@ -7,6 +7,7 @@ rolled back and recorded as ``cancelled``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -37,6 +38,17 @@ class _Run:
 
     def fail(self, outcome: Outcome, exc: BaseException | None, error: str) -> None:
         self.outcome, self.exc, self.error = outcome, exc, error
+
+
+def _cancel_requested() -> bool:
+    """Whether this run's task was asked to cancel (``Task.cancelling()``): by the run's
+    timeout, shutdown or its caller's cancel scope. On trio, whose ``Cancelled`` only a
+    cancel scope raises, always."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop: trio
+        return True
+    return task is None or task.cancelling() > 0
 
 
 def _describe(exc: BaseException) -> str:
@@ -178,6 +190,18 @@ class Runner:
         except Exception as exc:
             kind = self.coordinator.classify(exc) or Outcome.FAILURE
             run.fail(kind, exc, _describe(exc))
+            return
+        except anyio.get_cancelled_exc_class() as exc:
+            if _cancel_requested():
+                raise  # the run's timeout, shutdown, or its caller's scope
+            # Nobody cancelled this run: the handler awaited a task or future that something
+            # else cancelled. A failure of the handler, not a shutdown to stop the job for.
+            run.fail(
+                Outcome.FAILURE,
+                exc,
+                "CancelledError escaped the handler though the run was not cancelled: it "
+                "awaited a task or future that was cancelled",
+            )
             return
         run.finished_at = self.clock.now()
         try:
