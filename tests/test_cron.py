@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ticklock import ScheduleError, cron
+from ticklock import Cron, Every, ScheduleError, cron, every
 from ticklock._cron import CronSpec
 
 UTC = timezone.utc
@@ -296,6 +296,24 @@ BAD = [
     ("1,,2 * * * *", r"^cron minute field: empty list element in '1,,2'$"),
     ("@reboot", r"^cron expression '@reboot': unknown alias"),
     ("0 0 30 2 *", r"^cron expression '0 0 30 2 \*' never fires$"),
+    # int() reads any Unicode digit: only 0-9 are cron numbers
+    (
+        "\u00b2 * * * *",
+        r"^cron minute field: '\u00b2' has non-ASCII digits; write numbers with 0-9$",
+    ),
+    (
+        "\uff11 * * * *",
+        r"^cron minute field: '\uff11' has non-ASCII digits; write numbers with 0-9$",
+    ),
+    ("* \u0663 * * *", r"^cron hour field: '\u0663' has non-ASCII digits; write numbers with 0-9$"),
+    (
+        "*/\u0663 * * * *",
+        r"^cron minute field: '\u0663' has non-ASCII digits; write numbers with 0-9$",
+    ),
+    (
+        "* * 1-\uff13 * *",
+        r"^cron day-of-month field: '\uff13' has non-ASCII digits; write numbers with 0-9$",
+    ),
 ]
 
 
@@ -304,6 +322,44 @@ def test_bad_expressions_are_refused_at_declaration(expr: str, message: str) -> 
     with pytest.raises(ScheduleError, match=message) as info:
         cron(expr)
     assert info.value.field == "expr"
+
+
+@pytest.mark.parametrize(
+    ("trigger", "after"),
+    [
+        pytest.param(every(60), datetime(9999, 12, 31, 23, 59, tzinfo=UTC), id="every"),
+        pytest.param(every(1), datetime.max.replace(tzinfo=UTC), id="every_max"),
+        pytest.param(cron("* * * * *"), datetime(9999, 12, 31, 23, 59, tzinfo=UTC), id="cron"),
+        pytest.param(cron("0 0 1 1 *"), datetime(9999, 6, 1, tzinfo=UTC), id="cron_yearly"),
+        pytest.param(  # local wall time is already past 9999-12-31 23:59 (UTC+14)
+            cron("* * * * *", tz="Pacific/Kiritimati"),
+            datetime(9999, 12, 31, 9, 59, tzinfo=UTC),
+            id="cron_ahead_of_utc",
+        ),
+        pytest.param(  # the last local minute would be in year 10000 in UTC
+            cron("59 23 31 12 *", tz="America/New_York"),
+            datetime(9999, 12, 31, 12, 0, tzinfo=UTC),
+            id="cron_behind_utc",
+        ),
+    ],
+)
+def test_next_fire_is_none_past_the_last_date_a_datetime_holds(
+    trigger: Every | Cron, after: datetime
+) -> None:
+    assert trigger.next_fire(after) is None
+
+
+def test_next_fire_works_up_to_the_end_of_the_calendar_and_from_its_start() -> None:
+    end = datetime(9999, 12, 31, 23, 57, tzinfo=UTC)
+    assert every(60).next_fire(end) == datetime(9999, 12, 31, 23, 58, tzinfo=UTC)
+    assert cron("* * * * *").next_fire(end) == datetime(9999, 12, 31, 23, 58, tzinfo=UTC)
+    berlin = cron("*/5 * * * *", tz="Europe/Berlin")
+    assert berlin.next_fire(datetime(9999, 12, 31, 9, 59, tzinfo=UTC)) == datetime(
+        9999, 12, 31, 10, 0, tzinfo=UTC
+    )
+    start = datetime.min.replace(tzinfo=UTC)
+    assert cron("*/5 * * * *").next_fire(start) == datetime(1, 1, 1, 0, 5, tzinfo=UTC)
+    assert cron("0 0 1 1 *").next_fire(start) == datetime(2, 1, 1, tzinfo=UTC)
 
 
 def test_unknown_zone() -> None:

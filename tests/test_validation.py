@@ -42,7 +42,19 @@ def sync_handler(ctx: JobContext) -> None:
             id="nan_interval",
         ),
         pytest.param(
-            lambda: every("5"),
+            lambda: every(seconds=float("nan")),
+            r"^every\(\): interval must be positive and finite, got seconds=nan$",
+            "interval",
+            id="nan_seconds",
+        ),
+        pytest.param(
+            lambda: every(minutes=float("-inf")),
+            r"^every\(\): interval must be positive and finite, got minutes=-inf$",
+            "interval",
+            id="infinite_minutes",
+        ),
+        pytest.param(
+            lambda: every("5"),  # type: ignore[arg-type]
             r"^every\(\): interval must be seconds \(a number\) or a "
             r"timedelta, got '5'$",
             "interval",
@@ -146,6 +158,15 @@ JOB_CASES = [
         r"^job 'x': timeout must be positive and finite",
         "timeout",
         id="zero_timeout",
+    ),
+    pytest.param(
+        {"timeout": timedelta(days=25)},
+        every(days=365),
+        r"^job 'x': timeout must be at most 2147482\.647 s \(about 24\.8 days: PostgreSQL "
+        r"holds statement and transaction timeouts up to 2147483647 ms, and ticklock adds "
+        r"1 s\), got 2\.16e\+06 s$",
+        "timeout",
+        id="timeout_beyond_the_server",
     ),
     pytest.param(
         {"overdue_grace": -1},
@@ -253,3 +274,10 @@ def test_default_timeout_is_half_the_period_capped_at_five_minutes() -> None:
 def test_dsn_and_pool_are_exclusive() -> None:
     with pytest.raises(ScheduleError, match="^give either dsn or pool, not both$"):
         Scheduler("postgresql://x", pool=object())  # type: ignore[arg-type]
+
+
+def test_the_longest_timeout_fits_the_servers_millisecond_settings() -> None:
+    # a tick sets statement/transaction_timeout to the timeout + 1 s, in int milliseconds
+    job = Scheduler().add(handler, every(days=365), id="x", timeout=2_147_482.647)
+    assert int((job.timeout + 1) * 1000) == 2_147_483_647
+

@@ -45,15 +45,26 @@ _FIELDS = (
 # The longest DST shift searched around an instant (historic double summer time was 2 h).
 _SHIFT = timedelta(hours=3)
 _MINUTE = timedelta(minutes=1)
+_LAST_MINUTE = datetime(9999, 12, 31, 23, 59)  # the last wall time a datetime holds
 # A schedule that finds no fire in a full 28-year calendar cycle never fires.
 _HORIZON_YEARS = 29
+
+
+def _is_number(token: str, field: str) -> bool:
+    """Whether ``token`` is ASCII digits; other digits (``²``, ``１``) are refused, not read."""
+    if token.isdigit() and not token.isascii():
+        raise ScheduleError(
+            f"cron {field} field: {token!r} has non-ASCII digits; write numbers with 0-9",
+            field="expr",
+        )
+    return token.isdigit()
 
 
 def _value(token: str, field: str, low: int, high: int, names: tuple[str, ...]) -> int:
     lowered = token.lower()
     if names and lowered in names:
         return names.index(lowered) + (1 if field == "month" else 0)
-    if not token.isdigit():
+    if not _is_number(token, field):
         extra = f" or a name ({', '.join(names)})" if names else ""
         raise ScheduleError(f"cron {field} field: {token!r} is not a number{extra}", field="expr")
     number = int(token)
@@ -72,7 +83,7 @@ def _parse_field(text: str, field: str, low: int, high: int, names: tuple[str, .
         base, slash, step_text = part.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not _is_number(step_text, field) or int(step_text) == 0:
                 raise ScheduleError(
                     f"cron {field} field: step {step_text!r} must be a positive number",
                     field="expr",
@@ -160,7 +171,14 @@ class CronSpec:
         )
 
     def next_naive(self, start: datetime) -> datetime | None:
-        """The first matching naive wall time at or after ``start`` (a whole minute)."""
+        """The first matching naive wall time at or after ``start`` (a whole minute), or
+        ``None`` if none comes within the horizon or before the end of year 9999."""
+        try:
+            return self._next_naive(start)
+        except (OverflowError, ValueError):  # a step past 9999-12-31: the calendar is over
+            return None
+
+    def _next_naive(self, start: datetime) -> datetime | None:
         t = start
         limit = start.year + _HORIZON_YEARS
         while t.year <= limit:
@@ -191,7 +209,7 @@ class CronSpec:
             t = self.next_naive(t)
             if t is not None:
                 yield t
-                t += _MINUTE
+                t = t + _MINUTE if t < _LAST_MINUTE else None
 
 
 def instants(local: datetime, zone: ZoneInfo, wildcard: bool) -> tuple[datetime, ...]:
@@ -200,8 +218,11 @@ def instants(local: datetime, zone: ZoneInfo, wildcard: bool) -> tuple[datetime,
     Two for a repeated wall time with a wildcard expression, one otherwise; for a wall time
     in a gap, none (wildcard) or the first instant after the gap.
     """
-    early = local.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
-    late = local.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+    try:
+        early = local.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+        late = local.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
+    except OverflowError:  # before year 1 or after 9999 in UTC: not an instant a datetime holds
+        return ()
     early_ok = early.astimezone(zone).replace(tzinfo=None) == local
     late_ok = late.astimezone(zone).replace(tzinfo=None) == local
     if early_ok and late_ok:
@@ -230,12 +251,19 @@ def _gap_end(low: datetime, high: datetime, zone: ZoneInfo) -> datetime:
 
 
 def next_fire(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | None:
-    """The first fire instant strictly after the aware ``after``, in UTC."""
-    local_after = after.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0)
+    """The first fire instant strictly after the aware ``after``, in UTC; ``None`` if none
+    comes before the end of year 9999."""
+    try:
+        local_after = after.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0)
+    except OverflowError:  # ``after`` is a local time beyond year 9999 (or before year 1)
+        if after.year > 1:
+            return None
+        local_after = datetime.min
     best: datetime | None = None
     best_local: datetime | None = None
-    for local in spec.naive_matches(local_after - _SHIFT):
-        if best_local is not None and local > best_local + _SHIFT:
+    start = local_after - _SHIFT if local_after > datetime.min + _SHIFT else datetime.min
+    for local in spec.naive_matches(start):
+        if best_local is not None and local - best_local > _SHIFT:
             break
         for instant in instants(local, zone, spec.wildcard):
             if instant > after and (best is None or instant < best):

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     import asyncpg
 
 MAX_DEFAULT_TIMEOUT = 300.0
+MAX_TIMEOUT = 2_147_483_647 / 1000 - 1.0
+"""The longest timeout: PostgreSQL holds ``statement_timeout`` and ``transaction_timeout`` as
+int milliseconds (at most 2147483647), and a tick sets them to the timeout plus 1 s."""
 
 
 class Outcome(str, enum.Enum):
@@ -147,6 +150,14 @@ class Job:
             limit = min(period / 2, MAX_DEFAULT_TIMEOUT)
         else:
             limit = seconds(timeout, "timeout", job_id=job_id, allow_zero=False)
+            if limit > MAX_TIMEOUT:
+                raise ScheduleError(
+                    f"timeout must be at most {MAX_TIMEOUT:.3f} s (about 24.8 days: PostgreSQL "
+                    "holds statement and transaction timeouts up to 2147483647 ms, and ticklock "
+                    f"adds 1 s), got {limit:g} s",
+                    job_id=job_id,
+                    field="timeout",
+                )
             if limit >= period:
                 shape = "interval" if isinstance(trigger, Every) else "shortest gap between fires"
                 raise ScheduleError(

@@ -8,6 +8,7 @@ scheduler draws it per run.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -47,10 +48,14 @@ class Every:
         """The shortest time between two fires, in seconds: the interval."""
         return self.interval
 
-    def next_fire(self, after: datetime) -> datetime:
-        """The instant one interval after ``after`` (the end of the previous run), in UTC."""
+    def next_fire(self, after: datetime) -> datetime | None:
+        """The instant one interval after ``after`` (the end of the previous run), in UTC;
+        ``None`` past the last date a datetime holds."""
         _require_aware(after)
-        return (after + self.delta).astimezone(timezone.utc)
+        try:
+            return (after + self.delta).astimezone(timezone.utc)
+        except OverflowError:
+            return None
 
     def describe(self) -> str:
         """A short human description, e.g. ``every 15m (jitter 30s)``."""
@@ -128,6 +133,13 @@ def every(
         @scheduler.job(every(minutes=15, jitter=30))
         async def purge(ctx: JobContext) -> None: ...
     """
+    shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
+    for part, value in shown.items():
+        if isinstance(value, float) and not math.isfinite(value):  # timedelta raises a bare error
+            raise ScheduleError(
+                f"every(): interval must be positive and finite, got {part}={value}",
+                field="interval",
+            )
     try:
         parts = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     except OverflowError:
@@ -137,7 +149,6 @@ def every(
             field="interval",
         ) from None
     except TypeError:
-        shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
         raise ScheduleError(
             f"every(): interval must be seconds (a number) or a timedelta, got {shown!r}",
             field="interval",
