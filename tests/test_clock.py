@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -35,6 +36,18 @@ async def test_manual_clock_moves_only_forward_and_wakes_sleepers_in_order() -> 
         await clock.advance(-1)
     with pytest.raises(ValueError, match="start must be an aware datetime"):
         ManualClock(datetime(2026, 1, 1))
+
+
+async def test_manual_clock_advances_by_a_timedelta_and_refuses_non_finite_steps() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    await clock.advance(timedelta(seconds=2.5))
+    assert clock.monotonic() == 2.5
+    assert clock.now() == datetime(2026, 1, 1, 0, 0, 2, 500000, tzinfo=timezone.utc)
+    for bad in (float("nan"), float("inf"), timedelta(seconds=-1)):
+        message = r"^ManualClock\.advance: seconds must be non-negative and finite, got "
+        with pytest.raises(ValueError, match=message + re.escape(repr(bad)) + "$"):
+            await clock.advance(bad)
+    assert clock.monotonic() == 2.5
 
 
 @pytest.fixture

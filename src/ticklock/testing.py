@@ -63,11 +63,15 @@ class ManualClock:
         heapq.heappush(self._sleepers, (deadline, next(self._counter), event))
         await event.wait()
 
-    async def advance(self, seconds: float) -> None:
-        """Move virtual time forward by ``seconds``, waking every sleeper on the way in order."""
-        if not seconds >= 0:
-            raise ValueError(f"ManualClock.advance: seconds must be non-negative, got {seconds!r}")
-        target = self._elapsed + seconds
+    async def advance(self, seconds: float | timedelta) -> None:
+        """Move virtual time forward by ``seconds`` (a number or a timedelta), waking every
+        sleeper on the way in order."""
+        step = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        if not 0 <= step < math.inf:
+            raise ValueError(
+                f"ManualClock.advance: seconds must be non-negative and finite, got {seconds!r}"
+            )
+        target = self._elapsed + step
         await _settle()
         while self._sleepers and self._sleepers[0][0] <= target:
             deadline = self._sleepers[0][0]
