@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 
 import pytest
@@ -281,3 +282,112 @@ def test_the_longest_timeout_fits_the_servers_millisecond_settings() -> None:
     job = Scheduler().add(handler, every(days=365), id="x", timeout=2_147_482.647)
     assert int((job.timeout + 1) * 1000) == 2_147_483_647
 
+
+BAD_PORT = (
+    r"^dsn has a bad port: it must be a number from 1 to 65535 \(write '/', '\?' and '#' "
+    r"in the password as %2F, %3F and %23\)$"
+)
+BAD_DSNS = [
+    pytest.param(
+        "postgresql://app:Zq1Zq2@[db/app",
+        r"^dsn does not parse as a URL \(check the host's \[brackets\]\); expected "
+        r"postgresql://user:password@host:port/database$",
+        id="unclosed_bracket",
+    ),
+    pytest.param(
+        "postgresql://app:Zq1Zq2@db:54x2/app",
+        BAD_PORT,
+        id="port_not_a_number",
+    ),
+    pytest.param("postgresql://app:Zq1Zq2@db:65536/app", BAD_PORT, id="port_high"),
+    pytest.param("postgresql://app:Zq1Zq2@db:0/app", BAD_PORT, id="port_zero"),
+    pytest.param(  # fullwidth digits, which int() would read
+        "postgresql://app:Zq1Zq2@db:\uff15\uff14\uff13\uff12/app", BAD_PORT, id="port_fullwidth"
+    ),
+    pytest.param("postgresql://app:Zq1Zq2@h1:5432,h2:99999/app", BAD_PORT, id="multi_host"),
+    pytest.param("postgresql://app:Zq1/Zq2@db/app", BAD_PORT, id="slash_in_pw"),
+    pytest.param("postgresql://db/app?port=5x", BAD_PORT, id="query_port"),
+    pytest.param(
+        "postgresql://app:Zq1@Zq2@db/app",
+        r"^dsn has more than one '@' before the host: write '@' in the password as %40$",
+        id="at_in_password",
+    ),
+    pytest.param(
+        "postgresql://h1,,h2/app?password=Zq1Zq2",
+        r"^dsn has an empty host in its host list; expected "
+        r"postgresql://user:password@host:port/database$",
+        id="empty_host",
+    ),
+    pytest.param(
+        "postgresql://db/app?password=Zq1Zq2&sslmode",
+        r"^dsn has a malformed query: write each option as name=value, joined by '&'$",
+        id="bad_query",
+    ),
+    pytest.param(
+        "postgresql+asyncpg://app:Zq1Zq2@db/app",
+        r"^dsn has the SQLAlchemy form 'postgresql\+asyncpg://': ticklock uses asyncpg "
+        r"directly, so drop '\+asyncpg' and write 'postgresql://'$",
+        id="sqlalchemy_url",
+    ),
+    pytest.param(
+        "host=db dbname=app password=Zq1Zq2",
+        r"^dsn must be a URL, not key=value settings; expected "
+        r"postgresql://user:password@host:port/database$",
+        id="keyword_value",
+    ),
+    pytest.param(
+        "mysql://app:Zq1Zq2@db/app",
+        r"^dsn must start with postgresql:// or postgres://, not 'mysql:'$",
+        id="other_scheme",
+    ),
+    pytest.param(
+        "db:5432/app",
+        r"^dsn must start with postgresql:// or postgres://, not 'db:'$",
+        id="no_scheme",
+    ),
+    pytest.param("   ", r"^dsn must be a non-empty connection string$", id="blank"),
+    pytest.param("", r"^dsn must be a non-empty connection string$", id="empty"),
+]
+
+
+@pytest.mark.parametrize(("dsn", "message"), BAD_DSNS)
+def test_malformed_dsns_are_refused_at_construction_without_the_password(
+    dsn: str, message: str
+) -> None:
+    with pytest.raises(ScheduleError, match=message) as info:
+        Scheduler(dsn)
+    assert info.value.field == "dsn"
+    assert "Zq1Zq2" not in str(info.value) and "ret" not in str(info.value).split("%")[0]
+    scheduler = Scheduler()
+    with pytest.raises(ScheduleError, match=message):
+        scheduler.use_dsn(dsn)
+    assert not scheduler.postgres
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://app:sekret@db:5432/app",
+        "postgres://db/app",
+        "POSTGRESQL://db/app",
+        "postgresql:///app?host=/var/run/postgresql&port=5433",
+        "postgresql://app@h1:5432,h2:5433,[::1]:5434/app",
+        "postgresql://app:p%40ss%2Fword@[2001:db8::1]/app?sslmode=require",
+        "postgresql://",
+    ],
+)
+def test_dsns_asyncpg_accepts_are_accepted(dsn: str) -> None:
+    assert Scheduler(dsn).postgres
+
+
+def test_a_missing_postgres_extra_is_named_at_construction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # as if asyncpg were not installed
+    message = r'^PostgreSQL mode needs asyncpg: pip install "ticklock\[postgres\]"$'
+    with pytest.raises(ScheduleError, match=message) as info:
+        Scheduler("postgresql://db/app")
+    assert info.value.field == "dsn"
+    with pytest.raises(ScheduleError, match=message):
+        Scheduler().use_dsn("postgresql://db/app")
+    assert not Scheduler().postgres  # local mode needs no extra

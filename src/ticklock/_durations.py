@@ -1,10 +1,12 @@
-"""Conversion and validation of the durations and names a user declares."""
+"""Conversion and validation of the durations, names and connection strings a user declares."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from ._errors import ScheduleError
 
@@ -71,3 +73,83 @@ def identifier(value: object, field: str) -> str:
             field=field,
         )
     return value
+
+
+def dsn(value: object, field: str = "dsn") -> str:
+    """Return ``value`` if it is a PostgreSQL URL asyncpg can use, and asyncpg is installed.
+
+    The message never contains the DSN, so no password reaches a log.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise ScheduleError(f"{field} must be a non-empty connection string", field=field)
+    problem = _dsn_problem(value)
+    if problem is not None:
+        raise ScheduleError(f"{field} {problem}", field=field)
+    if importlib.util.find_spec("asyncpg") is None:
+        raise ScheduleError(
+            'PostgreSQL mode needs asyncpg: pip install "ticklock[postgres]"', field=field
+        )
+    return value
+
+
+_EXPECTED = "expected postgresql://user:password@host:port/database"
+
+
+def _dsn_problem(text: str) -> str | None:
+    """What asyncpg would refuse in the URL ``text``, or None; never quotes the text."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # an unclosed '[' or a bracketed host that is no IP address
+        return f"does not parse as a URL (check the host's [brackets]); {_EXPECTED}"
+    scheme = parts.scheme
+    if scheme.startswith(("postgresql+", "postgres+")):
+        base, _, driver = scheme.partition("+")
+        return (
+            f"has the SQLAlchemy form '{scheme}://': ticklock uses asyncpg directly, "
+            f"so drop '+{driver}' and write '{base}://'"
+        )
+    if scheme not in ("postgresql", "postgres"):
+        if not scheme and "=" in text:
+            return f"must be a URL, not key=value settings; {_EXPECTED}"
+        if scheme:
+            return f"must start with postgresql:// or postgres://, not '{scheme}:'"
+        return f"must start with postgresql:// or postgres://; {_EXPECTED}"
+    netloc = parts.netloc
+    hosts = netloc.partition("@")[2] if "@" in netloc else netloc  # asyncpg: the first '@'
+    if "@" in hosts:
+        return "has more than one '@' before the host: write '@' in the password as %40"
+    ports = []
+    for spec in hosts.split(",") if hosts else ():  # host[:port],host[:port]...
+        if not spec:
+            return f"has an empty host in its host list; {_EXPECTED}"
+        if spec.startswith("["):  # [IPv6]:port
+            ports.append(spec.partition("]")[2].removeprefix(":"))
+        else:
+            ports.append(spec.partition(":")[2])
+    try:
+        query = parse_qs(parts.query, strict_parsing=True)
+    except ValueError:
+        return "has a malformed query: write each option as name=value, joined by '&'"
+    for value in query.get("port", [])[-1:]:  # asyncpg takes the last one
+        ports += value.split(",")
+    for port in ports:
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            # not quoted: a password holding '/' ends the host part early, inside the password
+            return (
+                "has a bad port: it must be a number from 1 to 65535 (write '/', '?' and '#' "
+                "in the password as %2F, %3F and %23)"
+            )
+    return None
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` without its password, fit for logs and messages."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "<dsn>"
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

@@ -19,6 +19,7 @@ from . import _plan
 from ._clock import Clock, SystemClock
 from ._coordination import Coordinator, FleetState, LocalCoordinator
 from ._durations import Duration, identifier, name, seconds
+from ._durations import dsn as valid_dsn
 from ._errors import ScheduleError, SchedulerStateError
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
 from ._loop import Dispatcher, Entry
@@ -68,8 +69,8 @@ class Scheduler:
     ) -> None:
         if dsn is not None and pool is not None:
             raise ScheduleError("give either dsn or pool, not both", field="dsn")
-        if dsn is not None and (not isinstance(dsn, str) or not dsn):
-            raise ScheduleError("dsn must be a non-empty connection string", field="dsn")
+        if dsn is not None:
+            dsn = valid_dsn(dsn)  # a bad URL or a missing asyncpg fails here, not at start
         self.namespace = name(namespace, "namespace")
         self.schema = identifier(schema, "schema")
         self.shutdown_grace = seconds(shutdown_grace, "shutdown_grace")
@@ -104,9 +105,7 @@ class Scheduler:
     def use_dsn(self, dsn: str) -> None:
         """Switch a scheduler that is not running to PostgreSQL mode (the CLI's ``--dsn``)."""
         self._check_idle()
-        if not isinstance(dsn, str) or not dsn:
-            raise ScheduleError("dsn must be a non-empty connection string", field="dsn")
-        self._dsn, self._pool = dsn, None
+        self._dsn, self._pool = valid_dsn(dsn), None
         self._add_retention()
 
     # -- declaration ---------------------------------------------------------------------
