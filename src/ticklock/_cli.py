@@ -12,49 +12,61 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
+from ._durations import dsn as valid_dsn
+from ._durations import redact
 from ._errors import ScheduleError
 from ._scheduler import Scheduler
 from ._triggers import Cron
 
 EXIT_OK, EXIT_OVERDUE, EXIT_ERROR = 0, 1, 2
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def redact(dsn: str) -> str:
-    """``dsn`` without its password, fit for logs and messages."""
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "<dsn>"
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+class CommandError(Exception):
+    """A mistake in the command line or the code it names: one line on stderr, exit 2."""
 
 
 def load_scheduler(target: str) -> Scheduler:
     """Import ``MODULE:ATTR`` and return the :class:`Scheduler` it names."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise SystemExit(
-            f"ticklock: expected MODULE:ATTR (e.g. myapp.jobs:scheduler), got {target!r}"
-        )
+        raise CommandError(f"expected MODULE:ATTR (e.g. myapp.jobs:scheduler), got {target!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: report it in one line, not a traceback
+        raise CommandError(
+            f"cannot import {module_name}{_where(exc)}: {type(exc).__name__}: {exc}"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CommandError(f"module {module_name} has no attribute {attr!r}") from None
     if not isinstance(obj, Scheduler):
-        raise SystemExit(f"ticklock: {target} is a {type(obj).__name__}, not a ticklock.Scheduler")
+        raise CommandError(
+            f"{target} is not a ticklock.Scheduler: its type is {type(obj).__name__}"
+        )
     return obj
+
+
+def _where(exc: BaseException) -> str:
+    """`` (file:line)`` of the innermost frame of ``exc`` outside the import machinery and
+    ticklock (the user's line that raised it, or called ticklock), or ``""``."""
+    machinery = tuple(os.path.join(os.path.dirname(f), "") for f in (importlib.__file__, __file__))
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not frame.filename.startswith(("<", *machinery)):
+            return f" ({frame.filename}:{frame.lineno})"
+    return ""
 
 
 async def serve(scheduler: Scheduler) -> None:
@@ -168,10 +180,10 @@ def _parser() -> argparse.ArgumentParser:
     def db_options(p: argparse.ArgumentParser, required: bool) -> None:
         p.add_argument(
             "--dsn",
-            required=required,
-            default=os.environ.get("TICKLOCK_DSN") if not required else None,
-            help="PostgreSQL connection string, e.g. postgresql://user@host/db",
+            help="PostgreSQL connection string, e.g. postgresql://user@host/db "
+            "(default: $TICKLOCK_DSN)",
         )
+        p.set_defaults(needs_dsn=required)
 
     p = sub.add_parser("run", help="run a scheduler from your code as a sidecar process")
     p.add_argument(
@@ -191,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
         ("migrate", "create or update ticklock's tables", _cmd_migrate),
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("--dsn", required=True, help="PostgreSQL connection string")
+        db_options(p, required=True)
         p.add_argument("--schema", default="ticklock", help="schema of ticklock's tables")
         if name == "status":
             p.add_argument("--namespace", default="default", help="the application namespace")
@@ -209,21 +221,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("ticklock").setLevel(getattr(args, "log_level", "INFO").upper())
     try:
+        _check(args)
         return int(args.func(args))
-    except ScheduleError as exc:
+    except (CommandError, ScheduleError) as exc:  # their messages never hold a password
         print(f"ticklock: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except (OSError, ImportError) as exc:
-        message = str(exc)
-        dsn = getattr(args, "dsn", None)
-        if dsn:
-            message = message.replace(dsn, redact(dsn))
-        print(f"ticklock: {type(exc).__name__}: {message}", file=sys.stderr)
-        return EXIT_ERROR
     except Exception as exc:
-        if type(exc).__module__.startswith("asyncpg"):
-            print(f"ticklock: database error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        raise
+        database = type(exc).__module__.startswith("asyncpg")
+        if not database and not isinstance(exc, (OSError, ImportError)):
+            raise  # a bug, not the user's mistake: the traceback is wanted
+        message = str(exc)
+        if getattr(args, "dsn", None):
+            message = message.replace(args.dsn, redact(args.dsn))
+        kind = "database error: " if database else ""
+        print(f"ticklock: {kind}{type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--log-level`` or DSN before anything runs; apply the log level."""
+    level = getattr(args, "log_level", "INFO")
+    if level.upper() not in _LEVELS:
+        raise CommandError(f"--log-level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    logging.getLogger("ticklock").setLevel(level.upper())
+    if not hasattr(args, "dsn"):
+        return
+    source = "--dsn"
+    if args.dsn is None:
+        args.dsn, source = os.environ.get("TICKLOCK_DSN") or None, "TICKLOCK_DSN"
+    if args.dsn is not None:
+        valid_dsn(args.dsn, source)
+    elif args.needs_dsn:
+        raise CommandError(f"{args.command} needs --dsn or the TICKLOCK_DSN variable")
