@@ -138,9 +138,9 @@ async def test_spans_metrics_and_logs_for_success_failure_and_timeout(
 
     lines = [r for r in caplog.records if getattr(r, "job_id", None) == "ok"]
     assert lines[0].levelno == logging.INFO
-    assert (
-        lines[0].getMessage().startswith(f"ticklock run ok slot={T0.isoformat()} outcome=success")
-    )
+    # the logger's name already says "ticklock": the message does not repeat it
+    assert lines[0].name == "ticklock"
+    assert lines[0].getMessage().startswith(f"run ok slot={T0.isoformat()} outcome=success")
     assert lines[0].report == {"n": 3}  # type: ignore[attr-defined]
     bad_lines = [r for r in caplog.records if getattr(r, "job_id", None) == "bad"]
     assert bad_lines[0].levelno == logging.ERROR and bad_lines[0].exc_info is not None

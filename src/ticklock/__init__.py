@@ -10,6 +10,7 @@ from ._job import JobHealth as JobHealth
 from ._job import Outcome as Outcome
 from ._job import RunResult as RunResult
 from ._lock_key import lock_key as lock_key
+from ._logging import log_to_stderr as log_to_stderr
 from ._scheduler import Scheduler as Scheduler
 from ._triggers import Cron as Cron
 from ._triggers import Every as Every
@@ -34,4 +35,5 @@ __all__ = (
     "cron",
     "every",
     "lock_key",
+    "log_to_stderr",
 )

@@ -148,7 +148,7 @@ class Telemetry:
         report = json.dumps(result.report) if result.report is not None else "-"
         logger.log(
             level,
-            "ticklock run %s slot=%s outcome=%s duration=%.3fs report=%s%s",
+            "run %s slot=%s outcome=%s duration=%.3fs report=%s%s",
             result.job_id,
             slot,
             result.outcome.value,
