@@ -121,16 +121,38 @@ def test_fastapi_lifespan_on_a_real_uvicorn_server() -> None:
     assert "Application shutdown complete" in out
 
 
-def test_fastapi_startup_fails_clearly_when_the_scheduler_cannot_start() -> None:
+def test_fastapi_starts_with_the_database_down_and_says_so_once() -> None:
+    # A database that is down must not take the app down with it (every replica would
+    # crash-loop behind its load balancer): the app serves, the ticks end as error, and the
+    # outage is one WARNING with its cause, not a traceback per tick.
     port = free_port()
     dead = f"postgresql://app:sekret@127.0.0.1:{free_port()}/app"
     argv = [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1"]
     with server([*argv, "--port", str(port)], {"TICKLOCK_DSN": dead}) as proc:
+        wait_http(f"http://127.0.0.1:{port}/", proc)
+        time.sleep(2.5)  # a few due ticks of the every(1) job
+        code, out = stop(proc, signal.SIGINT)
+    assert code == 0, out
+    assert out.count("the database is unavailable") == 1, out
+    assert "ConnectionRefusedError" in out or "Connect call failed" in out, out
+    assert out.count("outcome=error") >= 2, out
+    assert "Traceback" not in out and "sekret" not in out, out
+
+
+@pytest.mark.postgres
+def test_fastapi_startup_fails_at_once_on_a_database_that_does_not_exist(pg_dsn: str) -> None:
+    # What waiting cannot fix fails start-up, with one line naming the cause and the fix.
+    port = free_port()
+    missing = pg_dsn.rsplit("/", 1)[0] + "/no_such_db"
+    argv = [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1"]
+    with server([*argv, "--port", str(port)], {"TICKLOCK_DSN": missing}) as proc:
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert "Application startup failed" in out
-    assert "ConnectionRefusedError" in out or "Connect call failed" in out
-    assert "sekret" not in out
+    assert (
+        'ticklock could not start: InvalidCatalogNameError: database "no_such_db" does not '
+        "exist: create the database, or correct its name in the DSN"
+    ) in out, out
 
 
 def test_aiohttp_cleanup_ctx_on_a_real_server() -> None:

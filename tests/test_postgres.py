@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -289,22 +289,22 @@ async def test_catch_up_covers_a_window_missed_by_the_whole_fleet(
     async def ran(n: int) -> bool:
         return len(seen) >= n
 
-    clock = ManualClock(at("2030-01-01T00:59:00Z"))
+    clock = ManualClock(at("2020-01-01T00:59:00Z"))
     async with build(clock, True):
         await clock.advance(60)
         await eventually(lambda: ran(1), 10, "the 01:00 run")
     # every replica is down across 02:00 and 03:00; one starts at 03:30
-    async with build(ManualClock(at("2030-01-01T03:30:00Z")), True):
+    async with build(ManualClock(at("2020-01-01T03:30:00Z")), True):
         await eventually(lambda: ran(2), 10, "the catch-up run")
     assert seen == [("01:00", None), ("03:00", "01:00")]
     # with catch_up=False the missed 04:00 and 05:00 are skipped: nothing runs at 05:30
-    async with build(ManualClock(at("2030-01-01T05:30:00Z")), False):
+    async with build(ManualClock(at("2020-01-01T05:30:00Z")), False):
         await anyio.sleep(0.5)
     assert len(seen) == 2
     watermark = await pg_conn.fetchval(
         f"SELECT last_slot FROM {pg_schema}.jobs WHERE job_id = 'hourly'"
     )
-    assert watermark == at("2030-01-01T03:00:00Z")
+    assert watermark == at("2020-01-01T03:00:00Z")
 
 
 async def test_two_schedulers_locked_and_skipped(pg_dsn: str, pg_schema: str) -> None:
@@ -335,7 +335,7 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
     # attempt, a period later. Judged from the success it last read, it called the job overdue
     # in between, at every slot the other replica ran (45 % of the time in a real two-replica
     # run): a /health endpoint on every follower flapped to 503 while the job was fine.
-    clock = ManualClock(at("2030-01-01T00:00:00Z"))
+    clock = ManualClock(at("2020-01-01T00:00:00Z"))
     scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
     runs: list[str] = []
 
@@ -440,7 +440,7 @@ async def test_retention_is_a_listed_job_that_prunes_old_runs(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
     # on a clock that stands still, only run_now() runs it
-    clock = ManualClock(at("2030-01-01T00:00:00Z"))
+    clock = ManualClock(at("2020-01-01T00:00:00Z"))
     scheduler = Scheduler(pg_dsn, schema=pg_schema, retention=timedelta(days=1), clock=clock)
     assert "ticklock.retention" in scheduler.jobs
     async with scheduler:
@@ -463,7 +463,7 @@ async def test_retention_works_off_a_backlog_batch_by_batch_and_says_so(
     # A run deletes one bounded batch (a short tick) and says when it left a backlog; the
     # job runs every minute, so that a busy fleet's history does not outgrow it.
     monkeypatch.setattr(Retention, "BATCH", 2)
-    clock = ManualClock(at("2030-01-01T00:00:00Z"))
+    clock = ManualClock(datetime.now(timezone.utc))  # its own run records are new
     scheduler = Scheduler(
         pg_dsn,
         schema=pg_schema,
@@ -496,7 +496,7 @@ async def test_a_changed_schedule_moves_the_overdue_instant_that_status_reads(
     # `ticklock status` judges a job overdue from the instant stored with its last success.
     # A deploy that lengthens the job's period must move it at start, or status reports the
     # job overdue until its first success on the new schedule (a day, here).
-    start = at("2030-01-01T00:00:00Z")
+    start = at("2020-01-01T00:00:00Z")
 
     async def tidy(ctx: JobContext) -> None:
         pass
@@ -514,10 +514,10 @@ async def test_a_changed_schedule_moves_the_overdue_instant_that_status_reads(
     hourly = build(3600)
     async with hourly:
         assert (await hourly.run_now("tidy")).outcome is Outcome.SUCCESS  # at 00:00:00
-    assert await stored() == at("2030-01-01T01:00:06Z")  # + 1 h + timeout + grace
+    assert await stored() == at("2020-01-01T01:00:06Z")  # + 1 h + timeout + grace
     async with build(86400):  # deployed as a daily job; it does not run here
         pass
-    assert await stored() == at("2030-01-02T00:00:06Z")
+    assert await stored() == at("2020-01-02T00:00:06Z")
     # replicas that start together with a changed schedule update the row one at a time
     await pg_conn.execute(f"UPDATE {pg_schema}.jobs SET overdue_at = NULL")
     fleet = [build(86400) for _ in range(4)]
@@ -530,12 +530,12 @@ async def test_a_changed_schedule_moves_the_overdue_instant_that_status_reads(
 
         await eventually(started, 10, "four replicas to start together")
         tg.cancel_scope.cancel()
-    assert await stored() == at("2030-01-02T00:00:06Z")
+    assert await stored() == at("2020-01-02T00:00:06Z")
     version = f"SELECT xmin::text FROM {pg_schema}.jobs WHERE job_id = 'tidy'"
     before = await pg_conn.fetchval(version)
     async with build(86400):  # unchanged since: the row is not written again
         pass
-    assert await stored() == at("2030-01-02T00:00:06Z")
+    assert await stored() == at("2020-01-02T00:00:06Z")
     assert await pg_conn.fetchval(version) == before
 
 

@@ -4,6 +4,7 @@ from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._errors import ScheduleError as ScheduleError
 from ._errors import SchedulerStateError as SchedulerStateError
+from ._errors import StartupError as StartupError
 from ._job import Job as Job
 from ._job import JobContext as JobContext
 from ._job import JobHealth as JobHealth
@@ -30,6 +31,7 @@ __all__ = (
     "ScheduleError",
     "Scheduler",
     "SchedulerStateError",
+    "StartupError",
     "SystemClock",
     "__version__",
     "cron",

@@ -16,6 +16,10 @@ from ._job import Job, Outcome, RunResult
 if TYPE_CHECKING:
     import asyncpg
 
+FUTURE_LIMIT = 2.0
+"""Seconds a committed slot or end may lie ahead of the database's clock: a replica whose
+clock runs further ahead cannot commit (its slots would stop the fleet until then)."""
+
 
 @dataclass(slots=True)
 class FleetState:
@@ -68,8 +72,16 @@ class Attempt(Protocol):
 class Coordinator(Protocol):
     """Where the fleet's state lives and how a tick excludes the others."""
 
+    ready: bool
+    """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
+
     async def open(self) -> None:
-        """Connect and prepare (PostgreSQL: create the pool, migrate)."""
+        """Connect and prepare (PostgreSQL: create the pool, migrate); a database that does
+        not answer leaves :attr:`ready` false instead of raising."""
+        ...
+
+    async def connect(self) -> None:
+        """Return once :attr:`ready`, retrying what :meth:`open` could not do."""
         ...
 
     async def close(self) -> None:
@@ -121,9 +133,13 @@ class LocalCoordinator:
     def __init__(self) -> None:
         self.states: dict[str, FleetState] = {}
         self.held: set[str] = set()
+        self.ready = True
 
     async def open(self) -> None:
         """Nothing to prepare in local mode."""
+
+    async def connect(self) -> None:
+        """Local mode is always ready."""
 
     async def close(self) -> None:
         """Nothing to release in local mode."""

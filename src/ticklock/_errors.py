@@ -5,7 +5,8 @@ Hierarchy::
     ValueError
     └── ScheduleError      a misdeclared job, trigger or scheduler, raised where it is written
     RuntimeError
-    └── SchedulerStateError  a scheduler used out of order (entered twice, run_now before start)
+    ├── SchedulerStateError  a scheduler used out of order (entered twice, run_now before start)
+    └── StartupError         the database refused the scheduler in a way that cannot fix itself
 """
 
 from __future__ import annotations
@@ -31,3 +32,13 @@ class ScheduleError(ValueError):
 
 class SchedulerStateError(RuntimeError):
     """The scheduler was used in a state that does not allow it (for example entered twice)."""
+
+
+class StartupError(RuntimeError):
+    """Start-up failed for a reason that waiting cannot fix: a failed login, a missing
+    database, no permission to create ticklock's tables (or, with ``require_database=True``,
+    a database that does not answer). The message names the cause and the fix.
+
+    A database that is down, restarting or refusing connections does not raise this: the
+    scheduler starts, ends ticks as ``error`` and connects when the database answers.
+    """

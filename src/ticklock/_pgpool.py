@@ -37,39 +37,66 @@ MAX_LIFETIME = 3600.0
 """Seconds after which a connection is closed when it comes back, and a new one opened."""
 CLOSE_TIMEOUT = 5.0
 """Seconds a graceful close may take before the connection is dropped."""
-_CALLBACKS = frozenset(
-    {"add_listener", "add_log_listener", "add_termination_listener", "add_query_logger"}
+_PLAIN = frozenset(
+    {
+        "copy_from_query",
+        "copy_from_table",
+        "copy_records_to_table",
+        "copy_to_table",
+        "execute",
+        "executemany",
+        "fetch",
+        "fetchmany",
+        "fetchrow",
+        "fetchval",
+        "get_server_pid",
+        "get_server_version",
+        "get_settings",
+        "is_closed",
+        "is_in_transaction",
+    }
 )
-"""Connection methods that leave a callback on the client side, which no SQL reset removes."""
+"""Connection methods that leave nothing on the client side once they return. Any other
+(``prepare``, ``cursor``, ``add_listener``, ``set_type_codec``, ...) can leave an object or a
+callback bound to the connection, which no SQL reset removes: the connection is then closed
+after the tick instead of reused, and what the handler kept fails with it."""
 
 
 class ConnectionLease(_Base):
     """A tick's connection as its handler sees it (``ctx.conn``).
 
     Every attribute is the connection's until the tick ends; after that any use raises
-    ``asyncpg.InterfaceError``, so a connection kept past its tick can't write into another
-    tick's transaction. ``used`` says whether the handler touched the connection at all: if it
-    did not, it can't have left session state behind, and the tick needs no reset.
-    ``callbacks``: the handler registered a listener or logger on the connection, which would
-    outlive the tick on the client side; such a connection is closed, not reused.
+    ``asyncpg.InterfaceError``, a bound method kept from the lease (``ctx.conn.execute``)
+    included, so nothing kept past its tick can write into another tick's transaction.
+    ``used`` says whether the handler touched the connection at all: if it did not, it can't
+    have left session state behind, and the tick needs no reset. ``retire``: the handler
+    used a method outside :data:`_PLAIN`; the connection is closed after the tick.
 
     The connection is already inside the tick's transaction, so :meth:`transaction` opens a
     savepoint of it, as asyncpg does for a nested transaction.
     """
 
-    __slots__ = ("_con", "_savepoints", "callbacks", "used")
+    __slots__ = ("_con", "_savepoints", "retire", "used")
 
     def __init__(self, con: asyncpg.Connection[Any]) -> None:
         self._con: asyncpg.Connection[Any] | None = con
         self._savepoints = 0
         self.used = False
-        self.callbacks = False
+        self.retire = False
 
     def __getattr__(self, name: str) -> Any:
+        value = getattr(self._lent(name), name)
         self.used = True
-        if name in _CALLBACKS:
-            self.callbacks = True
-        return getattr(self._lent(name), name)
+        if name not in _PLAIN:
+            self.retire = True
+        if not callable(value):
+            return value
+
+        def lent(*args: Any, **kwargs: Any) -> Any:
+            self._lent(name)  # raises once the tick has ended
+            return value(*args, **kwargs)
+
+        return lent
 
     def _lent(self, name: str) -> asyncpg.Connection[Any]:
         con = self._con
@@ -88,8 +115,8 @@ class ConnectionLease(_Base):
         """A savepoint of the tick's transaction: ``async with ctx.conn.transaction(): ...``
         releases it on success and rolls back to it on an exception; everything still commits
         with the tick, or not at all."""
+        self._lent("transaction")
         self.used = True
-        con = self._lent("transaction")
         if isolation is not None or readonly or deferrable:
             import asyncpg
 
@@ -98,7 +125,7 @@ class ConnectionLease(_Base):
                 "which takes no isolation, readonly or deferrable option"
             )
         self._savepoints += 1
-        return Savepoint(con, f"ticklock_savepoint_{self._savepoints}")
+        return Savepoint(self, f"ticklock_savepoint_{self._savepoints}")
 
     def end(self) -> None:
         """Take the connection back: from now on every use raises."""
@@ -112,23 +139,23 @@ class ConnectionLease(_Base):
 class Savepoint:
     """A savepoint of a tick's transaction, used like an asyncpg transaction."""
 
-    __slots__ = ("_con", "_name")
+    __slots__ = ("_lease", "_name")
 
-    def __init__(self, con: asyncpg.Connection[Any], name: str) -> None:
-        self._con = con
+    def __init__(self, lease: ConnectionLease, name: str) -> None:
+        self._lease = lease  # through the lease: a savepoint kept past its tick fails too
         self._name = name
 
     async def start(self) -> None:
         """Set the savepoint."""
-        await self._con.execute(f"SAVEPOINT {self._name}")
+        await self._lease._lent("transaction").execute(f"SAVEPOINT {self._name}")
 
     async def commit(self) -> None:
         """Release the savepoint: its work stays, to commit with the tick."""
-        await self._con.execute(f"RELEASE SAVEPOINT {self._name}")
+        await self._lease._lent("transaction").execute(f"RELEASE SAVEPOINT {self._name}")
 
     async def rollback(self) -> None:
         """Undo the work since the savepoint (and release it)."""
-        await self._con.execute(
+        await self._lease._lent("transaction").execute(
             f"ROLLBACK TO SAVEPOINT {self._name}; RELEASE SAVEPOINT {self._name}"
         )
 
@@ -159,6 +186,7 @@ class ConnectionPool:
         self._opened: dict[asyncpg.Connection[Any], float] = {}  # conn: when it was opened
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._unnamed: bool | None = None  # unnamed statements (behind a pooler); None: unknown
 
     async def acquire(self) -> asyncpg.Connection[Any]:
         """An idle connection, or a new one; waits while ``max_size`` are in use."""
@@ -174,9 +202,7 @@ class ConnectionPool:
                 if not con.is_closed():
                     return con
                 self._opened.pop(con, None)  # closed while idle (a server restart, say)
-            import asyncpg
-
-            con = await asyncpg.connect(self._dsn)
+            con, self._unnamed = await connect(self._dsn, self._unnamed)
             self._opened[con] = time.monotonic()
             return con
         except BaseException:
@@ -224,3 +250,29 @@ async def _close(con: asyncpg.Connection[Any]) -> None:
         await con.close(timeout=CLOSE_TIMEOUT)
     except Exception:  # broken already, or too slow: drop it
         con.terminate()
+
+
+async def connect(
+    dsn: str | None, unnamed: bool | None = None
+) -> tuple[asyncpg.Connection[Any], bool]:
+    """Connect to ``dsn``; return the connection and whether it uses unnamed statements.
+
+    Behind a transaction-mode pooler (PgBouncer, say) consecutive transactions may reach
+    different server sessions, so asyncpg's named prepared statements fail ("already exists",
+    "does not exist"). A pooler answers the start-up with a process id of its own, which
+    ``pg_backend_pid()`` on the server does not match: then the connection is made again with
+    asyncpg's statement cache off (each statement is prepared unnamed, one more round trip).
+    ``unnamed``: the answer from an earlier connection to the same DSN (``None``: find out).
+    """
+    import asyncpg
+
+    if unnamed is None:
+        con = await asyncpg.connect(dsn)
+        # a simple query (no statement to prepare): "SELECT 1" when the pids match
+        status = await con.execute(f"SELECT 1 WHERE pg_backend_pid() = {con.get_server_pid()}")
+        if status == "SELECT 1":
+            return con, False
+        con.terminate()
+    elif not unnamed:
+        return await asyncpg.connect(dsn), False
+    return await asyncpg.connect(dsn, statement_cache_size=0), True

@@ -5,11 +5,18 @@ query, (2) read the fleet state (a fresh snapshot, taken after the lock), then t
 (3) the watermark + success + run record in one statement, (4) ``COMMIT``. A tick that finds
 the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
 
-The session reset of a released connection (``pg_advisory_unlock_all(); RESET ALL; ...``,
-which undoes any session state a handler set) would be one more round trip per tick. On the
-pool ticklock creates (:mod:`ticklock._pgpool`), a tick sends it in the same simple query as
-its COMMIT (just before it, inside the transaction) or its ROLLBACK (just after it), and the
-connection goes back to the pool at once. A pool the user passes keeps its own reset.
+A handler that used ``ctx.conn`` may have left session state: settings, a role, temporary
+tables, cursors, listeners, advisory locks (:data:`RESET` undoes them all), or SQL prepared
+statements (``PREPARE``, which no statement can drop without also dropping asyncpg's own):
+the query after the reset says whether any is left, and such a connection is closed instead
+of reused. All of it rides in the same simple query as the tick's COMMIT (the reset just
+before it, inside the transaction) or its ROLLBACK (just after it): no extra round trip.
+
+The commit statement itself checks that the transaction is still the one that took the lock
+(a handler's ``COMMIT AND CHAIN`` would start another one, without the lock), that the
+server-side timeouts are still in force, and that the slot and end are not in the future of
+the database's clock beyond :data:`FUTURE_LIMIT` (a replica whose clock runs ahead would
+otherwise stop the fleet until its clock's "now" comes).
 
 The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
 ROLLBACK or the end of the session, never by a timer, and it works through transaction-mode
@@ -26,12 +33,14 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
+from random import Random
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from ._clock import Clock
-from ._coordination import FleetState
+from ._coordination import FUTURE_LIMIT, FleetState
+from ._errors import StartupError
 from ._job import Job, Outcome, RunResult
 from ._lock_key import lock_key
 from ._pgpool import ConnectionLease, ConnectionPool
@@ -51,9 +60,20 @@ SKEW_WARNING = 1.0
 """A replica clock further than this from the database's logs a WARNING at start."""
 CLEANUP_SECONDS = 5.0
 """How long cleanup (commit, rollback, release, failure record) may take, shielded."""
+RETRY_FIRST, RETRY_MAX = 0.5, 30.0
+"""Seconds between attempts to reach a database that did not answer at start-up: the first
+wait, doubling up to the cap (each drawn between half and all of it)."""
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
 _RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
+RESET = (
+    "SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL; "
+    "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES; "
+)
+"""Undoes the session state a handler can leave (RESET ALL keeps the role: reset apart)."""
+LEFTOVERS = "; SELECT 1 WHERE EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
+"""After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
+_TRANSIENT_CODES = frozenset({"53300", "25006"})  # too many connections; a read-only standby
 
 
 class SlotAlreadyCommitted(RuntimeError):
@@ -64,13 +84,27 @@ class TransactionEnded(RuntimeError):
     """The handler ended the tick's transaction itself: the lock went with it."""
 
 
+class LimitsChanged(RuntimeError):
+    """The handler changed the tick's server-side timeouts: a paused holder would keep the lock."""
+
+
+class ClockAhead(RuntimeError):
+    """The replica's slot or end lies in the database's future: its clock runs ahead."""
+
+
+class DatabaseUnavailable(ConnectionError):
+    """The database has not answered since start-up: ticks end as ``error`` until it does."""
+
+
 class _PgAttempt:
     __slots__ = (
         "_con",
         "_coordinator",
         "_job_id",
         "_lease",
+        "_limit_ms",
         "_open",
+        "_tx",
         "acquired",
         "conn",
         "state",
@@ -81,9 +115,12 @@ class _PgAttempt:
         coordinator: PostgresCoordinator,
         job_id: str,
         con: asyncpg.Connection[Any],
+        limit_ms: int,
     ) -> None:
         self._coordinator = coordinator
         self._job_id = job_id
+        self._limit_ms = limit_ms  # the server-side timeouts the tick set
+        self._tx: datetime | None = None  # the start of the transaction that took the lock
         self._open = True  # until our own COMMIT or ROLLBACK ends the transaction
         self._con: asyncpg.Connection[Any] | None = con
         # What the handler gets: a lease on the connection (or on a given pool's proxy).
@@ -106,15 +143,8 @@ class _PgAttempt:
         self, result: RunResult, report: str | None, overdue_at: datetime | None
     ) -> None:
         assert self._con is not None
-        if not self._con.is_in_transaction():
-            raise TransactionEnded(
-                "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
-                "ctx.conn), which released the job's lock: what it wrote after that was not "
-                "guarded, and the slot is not marked done. Leave the transaction to ticklock; "
-                "for a partial rollback use 'async with ctx.conn.transaction()' (a savepoint)"
-            )
         c = self._coordinator
-        written = await self._con.fetchval(
+        row = await self._con.fetchrow(
             c.sql_commit,
             c.namespace,
             self._job_id,
@@ -124,18 +154,42 @@ class _PgAttempt:
             result.owner,
             report,
             overdue_at,
+            self._tx,
+            self._limit_ms,
         )
+        assert row is not None  # the statement returns one row
+        written, same_tx, bounded, ahead = row
+        if not same_tx:
+            raise TransactionEnded(
+                "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
+                "ctx.conn), which released the job's lock: what it wrote after that was not "
+                "guarded, and the slot is not marked done. Leave the transaction to ticklock; "
+                "for a partial rollback use 'async with ctx.conn.transaction()' (a savepoint)"
+            )
+        if not bounded:
+            raise LimitsChanged(
+                "the handler changed the tick's server-side timeouts (statement_timeout, "
+                "idle_in_transaction_session_timeout or transaction_timeout) through "
+                "ctx.conn, so a paused replica could hold the lock for ever: nothing was "
+                "committed. To give a job more time, raise its timeout="
+            )
+        if ahead > FUTURE_LIMIT:
+            raise ClockAhead(
+                f"this replica's clock is {ahead:.1f} s ahead of the database's: its slot "
+                f"or end would lie in the fleet's future, beyond the {FUTURE_LIMIT:g} s "
+                "allowed, and stop the other replicas until then; nothing was committed. "
+                "Synchronise the replica's clock (NTP)"
+            )
         if written != 1:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
         # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
         # commit, so a run is never recorded as failed after its writes committed.
-        await self._con.execute(self._reset() + "COMMIT")
+        if self._lease.used:
+            status = await self._con.execute(RESET + "COMMIT" + LEFTOVERS)
+            self._lease.retire |= status == "SELECT 1"
+        else:
+            await self._con.execute("COMMIT")
         self._open = False
-
-    def _reset(self) -> str:
-        """The session reset this tick needs: none on a given pool (``reset_query`` is empty:
-        it resets on release), none if the handler never touched the connection."""
-        return self._coordinator.reset_query if self._lease.used else ""
 
     async def close(self) -> None:
         con, self._con, self.conn = self._con, None, None
@@ -144,29 +198,31 @@ class _PgAttempt:
         lease = self._lease
         lease.end()
         c = self._coordinator
-        own = c.own_pool
-        if own is not None and not self._open:  # our COMMIT ended it, with the reset
-            own.release(con, clean=not lease.callbacks)
-            return
-        with c.shielded():
-            try:
-                if self._open and not con.is_closed():
+        if self._open and not con.is_closed():
+            with c.shielded():
+                try:
                     # after ROLLBACK: an aborted transaction accepts no other statement
-                    reset = self._reset()
-                    await con.execute("ROLLBACK" + (reset and "; " + reset))
+                    if lease.used:
+                        status = await con.execute("ROLLBACK; " + RESET + LEFTOVERS[2:])
+                        lease.retire |= status == "SELECT 1"
+                    else:
+                        await con.execute("ROLLBACK")
                     self._open = False
-            except Exception:
-                con.terminate()
-            finally:
-                if own is not None:
-                    own.release(con, clean=not self._open and not lease.callbacks)
-                else:  # asyncpg's pool: its release rolls back and resets what is left
-                    assert c.given_pool is not None
-                    await c.given_pool.release(cast("PoolConnectionProxy[Any]", con))
+                except Exception:
+                    con.terminate()
+        if self._open or lease.retire:
+            con.terminate()  # never reused: still in a transaction, or with state left
+        await c.release(con)
 
 
 class PostgresCoordinator:
-    """Coordination through one PostgreSQL database (see the module docstring)."""
+    """Coordination through one PostgreSQL database (see the module docstring).
+
+    A database that does not answer at start-up (down, restarting, refusing connections)
+    does not stop the scheduler: :attr:`ready` stays false, ticks end as ``error``, and
+    :meth:`connect` retries until it answers. Errors that cannot fix themselves (a failed
+    login, a missing database, no permission to migrate) raise :class:`StartupError`.
+    """
 
     def __init__(
         self,
@@ -176,6 +232,8 @@ class PostgresCoordinator:
         namespace: str,
         schema: str,
         clock: Clock,
+        random: Random,
+        require_database: bool = False,
     ) -> None:
         self._dsn = dsn
         self.given_pool = pool
@@ -185,17 +243,21 @@ class PostgresCoordinator:
         self.namespace = namespace
         self.schema = schema
         self._clock = clock
+        self._random = random
+        self._require_database = require_database
+        self.ready = False
+        """Whether the database answered and the schema is migrated."""
+        self._down_since: float | None = None  # the outage in progress (monotonic seconds)
+        self._cause = ""
         self._transaction_timeout = False
         self._begin: dict[tuple[str, float], str] = {}  # (job id, budget): the tick's BEGIN
         self._scope_class = anyio.CancelScope
         self._loop_time = time.monotonic
-        self.reset_query = ""
-        """The session reset, sent with a tick's COMMIT/ROLLBACK on ticklock's own pool
-        (``""`` on a given pool, which resets the session itself)."""
         s = quote(schema)
         self.sql_state = (
-            "SELECT last_slot, last_end, last_success_at, consecutive_failures "
-            f"FROM {s}.jobs WHERE namespace = $1 AND job_id = $2"
+            "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
+            f"coalesce(j.consecutive_failures, 0) FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
+            "ON j.namespace = $1 AND j.job_id = $2"
         )
         self.sql_register = (
             f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
@@ -212,11 +274,21 @@ class PostgresCoordinator:
             "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, consecutive_failures "
             f"FROM {s}.jobs WHERE namespace = $1"
         )
+        within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
         self.sql_commit = f"""
-WITH j AS (
+WITH guard AS (
+    SELECT now() = $9::timestamptz AS same_tx,
+        CASE WHEN current_setting('transaction_timeout', true) IS NULL
+            THEN current_setting('statement_timeout'){within}
+                AND current_setting('idle_in_transaction_session_timeout'){within}
+            ELSE current_setting('transaction_timeout'){within} END AS bounded,
+        extract(epoch FROM greatest($3::timestamptz, $4::timestamptz) - clock_timestamp())
+            AS ahead
+), j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
                                last_outcome, consecutive_failures, overdue_at, updated_at)
-    VALUES ($1, $2, $3, $4, $4, 'success', 0, $8, now())
+    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, now() FROM guard
+    WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT}
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_slot = EXCLUDED.last_slot,
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
@@ -229,12 +301,14 @@ WITH j AS (
     INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, report)
     SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb FROM j
 )
-SELECT count(*) FROM j"""
+SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
+        # A failure's end moves the fixed delay, but never into the database's future.
+        end = f"least($4::timestamptz, clock_timestamp() + interval '{FUTURE_LIMIT:g} s')"
         self.sql_failure = f"""
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
                                consecutive_failures, updated_at)
-    VALUES ($1, $2, $4, $6, 1, now())
+    VALUES ($1, $2, {end}, $6, 1, now())
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
         last_outcome = EXCLUDED.last_outcome,
@@ -245,7 +319,8 @@ INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome,
 VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def open(self) -> None:
-        """Create the pool (unless one was given), migrate, and check the clock."""
+        """Create the pool (unless one was given), then migrate and check the clock, or note
+        that the database does not answer yet (see the class docstring)."""
         # asyncpg runs on asyncio: the shielded scopes take the backend's class and the loop's
         # clock directly instead of looking the backend up for every scope
         self._scope_class = type(anyio.CancelScope())
@@ -253,15 +328,74 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         if self.given_pool is None:
             self.own_pool = ConnectionPool(self._dsn, max_size=10)
         try:
-            async with self._connection() as conn:
-                await migrate(conn, self.schema)
-                self._transaction_timeout = conn.get_server_version().major >= 17
-                if self.own_pool is not None and (query := conn.get_reset_query()):
-                    self.reset_query = query if query.rstrip().endswith(";") else query + ";"
-                await self._check_clock(conn)
-        except BaseException:
-            await self.close()
-            raise
+            await self._prepare()
+        except Exception as exc:
+            if self._require_database or not self.classify(exc):
+                await self.close()
+                raise StartupError(self._explain(exc)) from exc
+            self._down(exc)
+
+    async def connect(self) -> None:
+        """Retry what :meth:`open` could not do, with capped, jittered backoff, until the
+        database answers (at once if it did)."""
+        delay = RETRY_FIRST
+        while not self.ready:
+            wait = delay * self._random.uniform(0.5, 1.0)
+            await self._clock.sleep_until(self._clock.monotonic() + wait)
+            try:
+                await self._prepare()
+            except Exception as exc:
+                self._down(exc)
+                delay = min(delay * 2, RETRY_MAX)
+
+    async def _prepare(self) -> None:
+        async with self._connection() as conn:
+            await migrate(conn, self.schema)
+            self._transaction_timeout = conn.get_server_version().major >= 17
+            await self._check_clock(conn)
+        self.ready = True
+        self._up()
+
+    def _down(self, exc: BaseException) -> None:
+        """Log the start of an outage (or a change of its cause) once, without a traceback."""
+        cause = _describe(exc)
+        if self._down_since is None or type(exc).__name__ not in self._cause:
+            logger.warning(
+                "the database is unavailable (%s): ticks end as 'error' until it answers",
+                cause,
+            )
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        self._cause = cause
+
+    def _up(self) -> None:
+        if self._down_since is not None:
+            logger.info(
+                "the database answers again, after %.1f s", time.monotonic() - self._down_since
+            )
+            self._down_since = None
+
+    def _explain(self, exc: BaseException) -> str:
+        import asyncpg
+
+        cause = _describe(exc)
+        if isinstance(
+            exc, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
+        ):
+            fix = "check the user and password in the DSN (or PGPASSWORD / ~/.pgpass)"
+        elif isinstance(exc, asyncpg.InvalidCatalogNameError):
+            fix = "create the database, or correct its name in the DSN"
+        elif isinstance(exc, asyncpg.InsufficientPrivilegeError):
+            fix = (
+                f"ticklock could not create its tables in schema {self.schema!r}: grant "
+                "the DSN's user CREATE on the database, or run 'ticklock migrate' once as a "
+                "user who may"
+            )
+        elif self.classify(exc):
+            fix = "the database did not answer, and require_database=True fails start-up"
+        else:
+            fix = "ticklock cannot work with this database"
+        return f"ticklock could not start: {cause}: {fix}"
 
     def shielded(self) -> anyio.CancelScope:
         """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
@@ -284,6 +418,15 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         finally:
             pool.release(con, clean)
 
+    async def release(self, con: asyncpg.Connection[Any]) -> None:
+        """Give a tick's connection back to its pool (closed, if it was terminated)."""
+        if self.own_pool is not None:
+            self.own_pool.release(con, clean=True)
+            return
+        assert self.given_pool is not None
+        with self.shielded():  # asyncpg's pool replaces a closed connection
+            await self.given_pool.release(cast("PoolConnectionProxy[Any]", con))
+
     async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
         before = self._clock.now()
         server = await conn.fetchval("SELECT clock_timestamp()")
@@ -292,9 +435,11 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         skew = abs((server - local).total_seconds())
         if skew > SKEW_WARNING:
             logger.warning(
-                "ticklock: this replica's clock differs from the database's by %.1f s; "
-                "slots come from the replica clocks, so keep them NTP-synchronised",
+                "this replica's clock differs from the database's by %.1f s; slots come "
+                "from the replica clocks, so keep them NTP-synchronised (a slot more than "
+                "%g s in the database's future is refused)",
                 skew,
+                FUTURE_LIMIT,
             )
 
     async def close(self) -> None:
@@ -305,7 +450,18 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """Register the jobs (a row each, if new), read the namespace's fleet state, and move
-        the overdue instants that ``ticklock status`` reads to the schedules declared now."""
+        the overdue instants that ``ticklock status`` reads to the schedules declared now.
+
+        A database that stopped answering leaves the coordinator not :attr:`ready`."""
+        try:
+            return await self._load(jobs, now)
+        except Exception as exc:
+            if self.classify(exc):
+                self.ready = False
+                self._down(exc)
+            raise
+
+    async def _load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         async with self._connection() as conn:
             await conn.execute(
                 self.sql_register,
@@ -344,7 +500,7 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         return sql
 
     def _make_begin(self, job_id: str, budget: float) -> str:
-        ms = int((budget + SERVER_GRACE) * 1000)
+        ms = _limit_ms(budget)
         key = lock_key(self.namespace, job_id)  # an int we computed: safe to inline
         if self._transaction_timeout:  # PG 17+: bounds the whole transaction, idle or busy
             limits = f"SET LOCAL transaction_timeout = {ms}; "
@@ -359,22 +515,34 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
-        if self.own_pool is not None:
-            conn = await self.own_pool.acquire()
-        else:
-            assert self.given_pool is not None, "the coordinator is not open"
-            conn = cast("asyncpg.Connection[Any]", await self.given_pool.acquire())
-        attempt = _PgAttempt(self, job_id, conn)
+        if not self.ready:
+            raise DatabaseUnavailable(f"the database has not answered yet ({self._cause})")
+        try:
+            if self.own_pool is not None:
+                conn = await self.own_pool.acquire()
+            else:
+                assert self.given_pool is not None, "the coordinator is not open"
+                conn = cast("asyncpg.Connection[Any]", await self.given_pool.acquire())
+        except Exception as exc:
+            if self.classify(exc):
+                self._down(exc)
+            raise
+        attempt = _PgAttempt(self, job_id, conn, _limit_ms(budget))
         try:
             status = await conn.execute(self._begin_sql(job_id, budget))
+            self._up()
             if status != "SELECT 1":
                 return attempt  # held by another replica: close() rolls back
             row = await conn.fetchrow(self.sql_state, self.namespace, job_id)
+            assert row is not None  # the statement returns one row
+            tx, *state = row
             attempt.acquired = True
-            if row is not None:
-                attempt.state = FleetState(*tuple(row))
+            attempt._tx = tx
+            attempt.state = FleetState(*state)
             return attempt
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, Exception) and self.classify(exc):
+                self._down(exc)
             await attempt.close()
             raise
 
@@ -396,17 +564,38 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
                 result.started_at,
                 result.outcome.value,
                 result.owner,
-                result.error,
+                None if result.error is None else storable(result.error),
             )
 
     def classify(self, exc: BaseException) -> Outcome | None:
-        """``ERROR`` when ``exc`` means the session or the server was lost."""
+        """``ERROR`` when ``exc`` means the session or the server was lost (or not there)."""
         import asyncpg
 
         if isinstance(exc, (OSError, asyncpg.InterfaceError, SlotAlreadyCommitted)):
             return Outcome.ERROR
         if isinstance(exc, asyncpg.PostgresError):
             state = exc.sqlstate or ""
-            if state.startswith(_LOST_STATES) or state in _LOST_CODES:
+            if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:
                 return Outcome.ERROR
         return None
+
+
+def _limit_ms(budget: float) -> int:
+    """The server-side timeouts of a tick whose job has ``budget`` seconds, in ms."""
+    return int((budget + SERVER_GRACE) * 1000)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: NUL and unpaired surrogates escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text

@@ -17,10 +17,10 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from . import _plan
 from ._clock import Clock, SystemClock
-from ._coordination import Coordinator, FleetState, LocalCoordinator
+from ._coordination import FUTURE_LIMIT, Coordinator, FleetState, LocalCoordinator
 from ._durations import Duration, identifier, name, seconds
 from ._durations import dsn as valid_dsn
-from ._errors import ScheduleError, SchedulerStateError
+from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
 from ._loop import Dispatcher, Entry
 from ._runs import Runs
@@ -66,6 +66,7 @@ class Scheduler:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         retention: Duration = timedelta(days=14),
+        require_database: bool = False,
     ) -> None:
         if dsn is not None and pool is not None:
             raise ScheduleError("give either dsn or pool, not both", field="dsn")
@@ -76,8 +77,14 @@ class Scheduler:
         self.shutdown_grace = seconds(shutdown_grace, "shutdown_grace")
         self.retention = seconds(retention, "retention", allow_zero=False)
         self.owner = name(owner if owner is not None else _default_owner(), "owner")
+        if not isinstance(require_database, bool):
+            raise ScheduleError(
+                f"require_database must be True or False, got {require_database!r}",
+                field="require_database",
+            )
         self._dsn = dsn
         self._pool = pool
+        self._require_database = require_database
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._random = random if random is not None else _random.Random()
         self._entries: dict[str, Entry] = {}  # every declared job, by id
@@ -242,7 +249,7 @@ class Scheduler:
                     self._runs = Runs()
                     await tg.start(self._runs.serve)
                     try:
-                        await self._serve(task_status)
+                        await self._serve(tg, task_status)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await self._drain()
@@ -250,6 +257,9 @@ class Scheduler:
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._coordinator.close()
+        except StartupError as exc:
+            logger.error("%s", exc)  # one line: the message names the cause and the fix
+            raise
         except Exception:
             logger.exception("ticklock: the scheduler stopped on an error")
             raise
@@ -267,18 +277,17 @@ class Scheduler:
                 "(use one 'async with scheduler' or one 'await scheduler.run()')"
             )
 
-    async def _serve(self, task_status: TaskStatus[None]) -> None:
-        now = self._clock.now()
+    async def _serve(self, tg: TaskGroup, task_status: TaskStatus[None]) -> None:
         entries = self._entries.values()
-        states = await self._coordinator.load(
-            {e.job.id: e.job for e in entries if e.job.enabled}, now
-        )
+        states = await self._load() if self._coordinator.ready else None
         # Plan from when the fleet's state is known, not from before it was read: a first
         # slot planned before the load would start late by however long the load took.
         now = self._clock.now()
         for entry in entries:
-            entry.state = states.get(entry.job.id)
+            entry.state = None if states is None else states.get(entry.job.id)
             self._start_job(entry, now)
+        if states is None:  # the database did not answer: its ticks end as error meanwhile
+            tg.start_soon(self._connect, name="ticklock.connect")
         self._status = "running"
         logger.info(
             "ticklock: scheduler started (%s mode, %d jobs, owner %s)",
@@ -288,6 +297,30 @@ class Scheduler:
         )
         task_status.started()
         await self._dispatcher.run()
+
+    async def _load(self) -> dict[str, FleetState] | None:
+        """The fleet's state of every job (``None`` if the database stopped answering)."""
+        jobs = {e.job.id: e.job for e in self._entries.values() if e.job.enabled}
+        try:
+            return await self._coordinator.load(jobs, self._clock.now())
+        except Exception as exc:
+            if not self._coordinator.classify(exc):
+                raise
+            return None  # the coordinator is no longer ready
+
+    async def _connect(self) -> None:
+        """Wait for the database, then re-plan every job from the fleet's state."""
+        states = None
+        while states is None:
+            await self._coordinator.connect()
+            states = await self._load()
+        now = self._clock.now()
+        for entry in self._entries.values():
+            entry.state = states.get(entry.job.id)
+            if entry.job.enabled and not entry.running:
+                self._dispatcher.schedule(
+                    entry, _plan.first(entry.job, entry.state or _NO_STATE, now)
+                )
 
     async def _drain(self) -> None:
         self._status = "stopping"
@@ -306,6 +339,8 @@ class Scheduler:
             namespace=self.namespace,
             schema=self.schema,
             clock=self._clock,
+            random=self._random,
+            require_database=self._require_database,
         )
 
     def _start_job(self, entry: Entry, now: datetime) -> None:
@@ -400,6 +435,10 @@ class Scheduler:
             if job.enabled and base is not None:
                 limit = _plan.overdue_at(job, base)
                 overdue = limit is not None and now > limit
+            if job.enabled and _future(state, now):
+                # stored by a replica whose clock ran ahead: no replica runs the job until
+                # then, so it is overdue now (the database refuses such commits since)
+                overdue = True
             result.append(
                 JobHealth(
                     job_id=job.id,
@@ -451,6 +490,13 @@ class _JobsView(Mapping[str, Job]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _future(state: FleetState, now: datetime) -> bool:
+    """Whether the fleet's watermark or last end lies ahead of ``now`` by more than the
+    skew the database accepts."""
+    limit = now + timedelta(seconds=FUTURE_LIMIT)
+    return any(t is not None and t > limit for t in (state.last_slot, state.last_end))
 
 
 def _default_owner() -> str:

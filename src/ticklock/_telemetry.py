@@ -29,6 +29,7 @@ JITTER = "ticklock.run.jitter"
 LATENESS = "ticklock.run.lateness"
 _ERRORS = frozenset({Outcome.FAILURE, Outcome.TIMEOUT, Outcome.ERROR})
 _QUIET = frozenset({Outcome.LOCKED, Outcome.SKIPPED})
+_TRACED = frozenset({Outcome.FAILURE, Outcome.TIMEOUT})
 
 LastSuccesses = Callable[[], Iterable[tuple[str, datetime]]]
 
@@ -155,7 +156,9 @@ class Telemetry:
             result.duration,
             report,
             f" error={result.error}" if result.error else "",
-            exc_info=exc if level == logging.ERROR and exc is not None else None,
+            # A traceback tells where a handler failed or hung; an 'error' is the database's
+            # (an outage is logged once, with its cause, by the coordinator), so none there.
+            exc_info=exc if result.outcome in _TRACED and exc is not None else None,
             extra={
                 "job_id": result.job_id,
                 "slot": slot,

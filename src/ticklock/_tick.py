@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,6 +55,21 @@ def _cancel_requested() -> bool:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash
+
+
+def _check_report(report: Any) -> None:
+    """Raise ``TypeError`` or ``ValueError`` unless PostgreSQL's ``jsonb`` can store ``report``
+    (in local mode too, so that a job behaves the same in both)."""
+    text = json.dumps(report, allow_nan=False, ensure_ascii=False)
+    if _NUL.search(text):
+        raise ValueError("a string holds a NUL character, which jsonb cannot store")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("a string holds an unpaired surrogate, which jsonb cannot store") from None
 
 
 class Runner:
@@ -136,7 +152,10 @@ class Runner:
                 overran = scope.cancel_called
             overran = overran or clock.monotonic() >= deadline
             if overran and run.outcome in (None, Outcome.SUCCESS):
-                run.fail(Outcome.TIMEOUT, None, f"timed out after {job.timeout:g} s")
+                error = f"timed out after {job.timeout:g} s"
+                # the traceback of the cancellation says where the handler was waiting
+                where = None if run.exc is None else run.exc.__traceback__
+                run.fail(Outcome.TIMEOUT, TimeoutError(error).with_traceback(where), error)
             if run.outcome is Outcome.SUCCESS and attempt is not None:
                 result = run.result = self._result(job, run, started)
                 await attempt.commit(result, job)
@@ -193,6 +212,7 @@ class Runner:
             return
         except anyio.get_cancelled_exc_class() as exc:
             if _cancel_requested():
+                run.exc = exc  # where the handler was waiting, for a timeout's record
                 raise  # the run's timeout, shutdown, or its caller's scope
             # Nobody cancelled this run: the handler awaited a task or future that something
             # else cancelled. A failure of the handler, not a shutdown to stop the job for.
@@ -206,13 +226,14 @@ class Runner:
         run.finished_at = self.clock.now()
         try:
             if report is not None:
-                json.dumps(report)
+                _check_report(report)
         except (TypeError, ValueError) as exc:
             run.fail(
                 Outcome.FAILURE,
                 exc,
                 f"the report is not JSON-serialisable ({_describe(exc)}); return None, or "
-                "a dict/list of str, int, float, bool and None",
+                "a dict/list of str (no NUL, no unpaired surrogate), int, finite float, bool "
+                "and None",
             )
             return
         run.report = report

@@ -1,0 +1,399 @@
+"""The edges of a tick's connection against a real PostgreSQL: what a handler keeps or leaves
+behind, how it may end the transaction, and what a replica with a lying clock may commit."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import anyio
+import pytest
+
+from ticklock import JobContext, Outcome, Scheduler, every
+from ticklock.testing import ManualClock
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # asyncpg runs on asyncio
+
+
+@pytest.fixture
+async def table(pg_conn: Any, pg_schema: str) -> str:
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
+    return f"{pg_schema}.items"
+
+
+def rare() -> Any:
+    """A trigger that never fires during a test: runs come from run_now()."""
+    return every(3600, initial_delay=3000)
+
+
+async def count(conn: Any, sql: str) -> int:
+    return int(await conn.fetchval(sql))
+
+
+# -- what a handler keeps from ctx.conn stops working when its tick ends ------------------
+
+
+@pytest.mark.parametrize("kept", ["prepared statement", "bound method", "savepoint", "cursor"])
+async def test_nothing_kept_from_ctx_conn_writes_in_a_later_tick(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str, kept: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    insert = f"INSERT INTO {table} VALUES ($1, 'x')"
+    cache: list[Any] = []
+
+    async def keep(conn: Any) -> Any:
+        if kept == "prepared statement":
+            return await conn.prepare(insert)
+        if kept == "bound method":
+            return conn.execute
+        if kept == "savepoint":
+            return conn.transaction()
+        return conn.cursor(f"SELECT * FROM {table}")
+
+    async def use(thing: Any, slot: datetime) -> None:
+        if kept == "prepared statement":
+            await thing.fetch(slot)
+        elif kept == "bound method":
+            await thing(insert, slot)
+        elif kept == "savepoint":
+            async with thing:
+                pass
+        else:
+            await (await thing).fetch(1)
+
+    @scheduler.job(rare(), id="x")
+    async def x(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        if not cache:  # the first run writes, and keeps something it got from ctx.conn
+            await ctx.conn.execute(insert, ctx.slot)
+            cache.append(await keep(ctx.conn))
+        else:  # a later run uses what the first kept, instead of its own ctx.conn
+            await use(cache[0], ctx.slot)
+
+    async with scheduler:
+        first = await scheduler.run_now("x")
+        second = await scheduler.run_now("x")
+    assert first.outcome is Outcome.SUCCESS, first.error
+    assert second.outcome is not Outcome.SUCCESS, f"a {kept} worked after its tick"
+    assert "InterfaceError" in (second.error or ""), second.error
+    successes = await count(
+        pg_conn, f"SELECT count(*) FROM {pg_schema}.runs WHERE job_id = 'x' AND outcome = 'success'"
+    )
+    assert successes == await count(pg_conn, f"SELECT count(*) FROM {table}") == 1
+
+
+async def test_a_prepared_statement_made_in_a_tick_retires_its_connection(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    pids: list[int] = []
+    prepare = [True]
+
+    @scheduler.job(rare(), id="p")
+    async def p(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        pids.append(int(await ctx.conn.fetchval("SELECT pg_backend_pid()")))
+        if prepare[0]:
+            await ctx.conn.prepare("SELECT 1")
+
+    async with scheduler:
+        for _ in range(2):
+            assert (await scheduler.run_now("p")).outcome is Outcome.SUCCESS
+        prepare[0] = False
+        for _ in range(2):
+            assert (await scheduler.run_now("p")).outcome is Outcome.SUCCESS
+    # each tick that prepared got a fresh connection after it; plain queries keep it
+    assert pids[0] != pids[1] != pids[2] and pids[2] == pids[3]
+
+
+# -- nothing a handler leaves in the session reaches the next tick --------------------------
+
+
+async def test_a_temp_table_of_one_job_never_takes_another_jobs_writes(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(f"CREATE TABLE {pg_schema}.orders (x int)")
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    pids: set[int] = set()
+
+    @scheduler.job(rare(), id="a")
+    async def a(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        pids.add(await ctx.conn.fetchval("SELECT pg_backend_pid()"))
+        await ctx.conn.execute("CREATE TEMP TABLE orders AS SELECT 1 AS x")
+
+    @scheduler.job(rare(), id="b")
+    async def b(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        pids.add(await ctx.conn.fetchval("SELECT pg_backend_pid()"))
+        await ctx.conn.execute(f"SET LOCAL search_path = {pg_schema}")
+        await ctx.conn.execute("INSERT INTO orders VALUES (2)")
+
+    async with scheduler:
+        assert (await scheduler.run_now("a")).outcome is Outcome.SUCCESS
+        assert (await scheduler.run_now("b")).outcome is Outcome.SUCCESS
+    assert len(pids) == 1, "the test needs both ticks on one pooled connection"
+    assert await count(pg_conn, f"SELECT count(*) FROM {pg_schema}.orders") == 1
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "CREATE TEMP TABLE scratch (x int)",
+        "CREATE TEMP TABLE IF NOT EXISTS staging (x int); INSERT INTO staging VALUES (1)",
+        "PREPARE mine AS SELECT 1",
+        "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+        "SELECT pg_advisory_lock(4242)",
+        "LISTEN somewhere",
+    ],
+)
+async def test_every_tick_starts_with_a_clean_session(
+    pg_dsn: str, pg_schema: str, statement: str
+) -> None:
+    # Run twice on the same pooled connection: the second tick must not see the first's
+    # leftovers (a plain CREATE TEMP TABLE or PREPARE would fail, a staging table would
+    # carry rows from one tick to the next).
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    seen: list[int] = []
+
+    @scheduler.job(rare(), id="leaver")
+    async def leaver(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(statement)
+        if "staging" in statement:
+            seen.append(int(await ctx.conn.fetchval("SELECT count(*) FROM staging")))
+        locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242"
+        seen.append(int(await ctx.conn.fetchval(locks)))
+
+    async with scheduler:
+        first = await scheduler.run_now("leaver")
+        second = await scheduler.run_now("leaver")
+    assert first.outcome is Outcome.SUCCESS, first.error
+    assert second.outcome is Outcome.SUCCESS, second.error
+    if "staging" in statement:
+        assert seen == [1, 0, 1, 0]
+    elif "advisory" in statement:
+        assert seen == [1, 1]
+
+
+async def test_a_role_set_in_a_tick_does_not_outlive_it(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # RESET ALL keeps the role a handler set: the next tick would run as that role.
+    role = f"{pg_schema}_role"
+    await pg_conn.execute(f"CREATE ROLE {role}")
+    try:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema)
+        users: list[tuple[str, str]] = []
+
+        @scheduler.job(rare(), id="who")
+        async def who(ctx: JobContext) -> None:
+            assert ctx.conn is not None
+            row = await ctx.conn.fetchrow("SELECT current_user, session_user")
+            users.append((row[0], row[1]))
+            await ctx.conn.execute(f"SET ROLE {role}")
+
+        async with scheduler:
+            # the role may write ticklock's tables, so that the tick that set it commits
+            await pg_conn.execute(
+                f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}; "
+                f"GRANT ALL ON ALL TABLES IN SCHEMA {pg_schema} TO {role}; "
+                f"GRANT ALL ON ALL SEQUENCES IN SCHEMA {pg_schema} TO {role}"
+            )
+            for _ in range(2):
+                result = await scheduler.run_now("who")
+                assert result.outcome is Outcome.SUCCESS, result.error
+        assert users[1][0] == users[1][1], users
+    finally:
+        await pg_conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+# -- a handler that ends or loosens the tick's transaction never reports a success ---------
+
+
+@pytest.mark.parametrize("ending", ["COMMIT AND CHAIN", "COMMIT; BEGIN", "ROLLBACK; BEGIN"])
+async def test_a_handler_that_ends_the_transaction_and_begins_another_is_an_error(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str, ending: str
+) -> None:
+    # Between the two transactions the job's lock is free: another replica runs the job at
+    # the same time. The first must not report a success for what it did unguarded.
+    a = Scheduler(pg_dsn, schema=pg_schema, owner="a")
+    b = Scheduler(pg_dsn, schema=pg_schema, owner="b")
+    unlocked, b_done = anyio.Event(), anyio.Event()
+
+    async def sneaky(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        if ctx.owner == "a":
+            await ctx.conn.execute(ending)
+            unlocked.set()
+            await b_done.wait()
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, $2)", ctx.slot, ctx.owner)
+
+    for scheduler in (a, b):
+        scheduler.add(sneaky, rare(), id="sneaky")
+    async with a, b, anyio.create_task_group() as tg:
+        results: dict[str, Any] = {}
+
+        async def run_a() -> None:
+            results["a"] = await a.run_now("sneaky")
+
+        tg.start_soon(run_a)
+        await unlocked.wait()
+        results["b"] = await b.run_now("sneaky")
+        b_done.set()
+    assert results["b"].outcome is Outcome.SUCCESS
+    assert results["a"].outcome is Outcome.ERROR
+    assert "ended the tick's transaction" in results["a"].error
+    owners = await pg_conn.fetch(
+        f"SELECT owner FROM {pg_schema}.runs WHERE job_id = 'sneaky' AND outcome = 'success'"
+    )
+    assert [r["owner"] for r in owners] == ["b"]
+
+
+@pytest.mark.parametrize(
+    "setting", ["transaction_timeout", "statement_timeout", "idle_in_transaction_session_timeout"]
+)
+async def test_a_handler_that_switches_off_the_paused_holder_bound_commits_nothing(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str, setting: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    bounded_by_transaction = int(await pg_conn.fetchval("SHOW server_version_num")) >= 170000
+
+    @scheduler.job(rare(), id="loose")
+    async def loose(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'x')", ctx.slot)
+        await ctx.conn.execute(f"SET LOCAL {setting} = 0")
+
+    async with scheduler:
+        result = await scheduler.run_now("loose")
+    # what ticklock set is what must stay: transaction_timeout on 17+, the other two before
+    if bounded_by_transaction == (setting == "transaction_timeout"):
+        assert result.outcome is Outcome.ERROR
+        assert result.error is not None and "server-side timeouts" in result.error
+        assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 0
+    else:
+        assert result.outcome is Outcome.SUCCESS
+
+
+# -- a replica whose clock runs ahead cannot stop the fleet --------------------------------
+
+
+async def test_a_replica_a_day_ahead_commits_nothing_and_the_fleet_runs_on(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
+    ahead = Scheduler(pg_dsn, schema=pg_schema, owner="ahead", clock=ManualClock(tomorrow))
+    healthy = Scheduler(pg_dsn, schema=pg_schema, owner="healthy")
+
+    async def beat(ctx: JobContext) -> None:
+        pass
+
+    for scheduler in (ahead, healthy):
+        scheduler.add(beat, rare(), id="beat", timeout=5)
+    async with ahead:
+        result = await ahead.run_now("beat")
+    assert result.outcome is Outcome.ERROR
+    assert result.error is not None and "ahead of the database's" in result.error
+    row = await pg_conn.fetchrow(
+        f"SELECT last_slot, last_end, last_end <= now() + interval '2 s' AS sane "
+        f"FROM {pg_schema}.jobs WHERE job_id = 'beat'"
+    )
+    assert row["last_slot"] is None and row["sane"], row
+    async with healthy:
+        assert (await healthy.run_now("beat")).outcome is Outcome.SUCCESS
+        assert not any(h.overdue for h in healthy.health())
+
+
+async def test_a_watermark_already_in_the_future_raises_the_alarm(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(every(60), id="stuck")
+    async def stuck(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:  # creates the tables and the job's row
+        pass
+    await pg_conn.execute(
+        f"UPDATE {pg_schema}.jobs SET last_slot = now() + interval '1 day', "
+        "last_end = now() + interval '1 day', last_success_at = now() + interval '1 day' "
+        "WHERE job_id = 'stuck'"
+    )
+    async with scheduler:
+        health = {h.job_id: h for h in scheduler.health()}
+    assert health["stuck"].overdue
+
+
+# -- records that PostgreSQL would refuse are stored cleaned, or refused as a failure -------
+
+
+async def test_a_failure_whose_text_postgres_cannot_store_is_still_recorded(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(rare(), id="odd")
+    async def odd(ctx: JobContext) -> None:
+        raise RuntimeError("nul\x00 and a lone \ud800 surrogate")
+
+    async with scheduler:
+        result = await scheduler.run_now("odd")
+    assert result.outcome is Outcome.FAILURE
+    row = await pg_conn.fetchrow(
+        f"SELECT r.error, j.consecutive_failures FROM {pg_schema}.runs r "
+        f"JOIN {pg_schema}.jobs j USING (namespace, job_id) WHERE job_id = 'odd'"
+    )
+    assert row["error"] == "RuntimeError: nul\\x00 and a lone \\ud800 surrogate"
+    assert row["consecutive_failures"] == 1
+
+
+@pytest.mark.parametrize(
+    "report",
+    [{"x": float("nan")}, {"x": float("inf")}, {"x": "nul\x00"}, {"x": "\udc00"}, ["\x00"]],
+    ids=["nan", "infinity", "nul", "surrogate", "nul-in-list"],
+)
+async def test_a_report_jsonb_refuses_is_a_failure_of_the_handler(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str, report: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(rare(), id="reporter")
+    async def reporter(ctx: JobContext) -> Any:
+        assert ctx.conn is not None
+        await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, 'x')", ctx.slot)
+        return report
+
+    async with scheduler:
+        result = await scheduler.run_now("reporter")
+    assert result.outcome is Outcome.FAILURE
+    assert result.error is not None and "not JSON-serialisable" in result.error
+    assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 0
+    assert (
+        await count(pg_conn, f"SELECT count(*) FROM {pg_schema}.runs WHERE outcome = 'failure'")
+        == 1
+    )
+
+
+async def test_a_report_that_only_looks_like_an_escaped_nul_is_stored(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(rare(), id="literal")
+    async def literal(ctx: JobContext) -> Any:
+        return {"text": "\\u0000"}  # a backslash, then u0000: six plain characters
+
+    async with scheduler:
+        result = await scheduler.run_now("literal")
+    assert result.outcome is Outcome.SUCCESS, result.error
+    stored = await pg_conn.fetchval(f"SELECT report->>'text' FROM {pg_schema}.runs")
+    assert stored == "\\u0000"

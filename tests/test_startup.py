@@ -1,0 +1,161 @@
+"""Start-up against a real PostgreSQL that is down, or that refuses the scheduler for good (G6)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import eventually, run_log
+from pgserver import TempPostgres
+from ticklock import JobContext, Outcome, Scheduler, StartupError, every
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # asyncpg runs on asyncio
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_database_down_at_start_is_waited_for_and_then_used(pg_schema: str) -> None:
+    server = TempPostgres()  # initialised, not started: its port refuses connections
+    try:
+        scheduler = Scheduler(server.dsn, schema=pg_schema, shutdown_grace=1)
+        ran = anyio.Event()
+
+        @scheduler.job(every(0.2), id="beat", timeout=0.1)
+        async def beat(ctx: JobContext) -> None:
+            assert ctx.conn is not None
+            await ctx.conn.execute("SELECT 1")
+            ran.set()
+
+        records: list[logging.LogRecord] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record)
+
+        keep = Keep()
+        logging.getLogger("ticklock").addHandler(keep)
+        try:
+            with run_log() as log:
+                async with scheduler:  # starts although nothing answers
+                    await eventually(
+                        lambda: anyio.to_thread.run_sync(lambda: len(log.outcomes("beat")) >= 3),
+                        10,
+                        "three ticks while the database is down",
+                    )
+                    assert set(log.outcomes("beat")) == {"error"}
+                    await eventually(
+                        lambda: anyio.to_thread.run_sync(
+                            lambda: scheduler.health()[1].overdue  # [0] is the retention job
+                        ),
+                        10,
+                        "the absence alarm while the database is down",
+                    )
+                    await anyio.to_thread.run_sync(server.start)
+                    with anyio.fail_after(40):  # the backoff's cap is 30 s; the first waits 0.5
+                        await ran.wait()
+                    await eventually(
+                        lambda: anyio.to_thread.run_sync(lambda: not scheduler.health()[1].overdue),
+                        5,
+                        "the alarm to clear after the first success",
+                    )
+        finally:
+            logging.getLogger("ticklock").removeHandler(keep)
+        warnings = [r for r in records if r.levelno == logging.WARNING]
+        assert len([r for r in warnings if "database is unavailable" in r.getMessage()]) == 1
+        assert len([r for r in records if "answers again" in r.getMessage()]) == 1
+        # one line a run, and no traceback for an outage: its cause is in the one WARNING
+        errors = [r for r in records if getattr(r, "outcome", None) == "error"]
+        assert errors and all(r.exc_info is None for r in errors)
+        import asyncpg
+
+        conn = await asyncpg.connect(server.dsn)
+        try:  # migrated once the database answered
+            assert await conn.fetchval(f"SELECT count(*) FROM {pg_schema}.jobs") >= 1
+        finally:
+            await conn.close()
+    finally:
+        await anyio.to_thread.run_sync(server.cleanup)
+
+
+async def test_require_database_fails_start_up_on_a_database_that_is_down() -> None:
+    dsn = f"postgresql://app:sekret@127.0.0.1:{closed_port()}/app"
+    scheduler = Scheduler(dsn, require_database=True)
+    with pytest.raises(StartupError, match=r"^ticklock could not start: .*require_database=True"):
+        async with scheduler:
+            pass
+
+
+def with_user(dsn: str, user: str) -> str:
+    return dsn.replace("postgresql://postgres@", f"postgresql://{user}@")
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        (
+            "unknown user",
+            r'^ticklock could not start: InvalidAuthorizationSpecificationError: role "nobody_'
+            r'[0-9a-f]+" does not exist: check the user and password in the DSN \(or PGPASSWORD '
+            r"/ ~/\.pgpass\)$",
+        ),
+        (
+            "missing database",
+            r'^ticklock could not start: InvalidCatalogNameError: database "no_such_db" does not '
+            r"exist: create the database, or correct its name in the DSN$",
+        ),
+        (
+            "no permission to migrate",
+            r"^ticklock could not start: InsufficientPrivilegeError: permission denied for "
+            r"database postgres: ticklock could not create its tables in schema 't_[0-9a-f]+': "
+            r"grant the DSN's user CREATE on the database, or run 'ticklock migrate' once as a "
+            r"user who may$",
+        ),
+    ],
+)
+async def test_what_waiting_cannot_fix_fails_start_up_at_once(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, problem: str, message: str
+) -> None:
+    if problem == "unknown user":
+        dsn = with_user(pg_dsn, f"nobody_{pg_schema[2:]}")
+    elif problem == "missing database":
+        dsn = pg_dsn.rsplit("/", 1)[0] + "/no_such_db"
+    else:
+        role = f"{pg_schema}_limited"
+        await pg_conn.execute(f"CREATE ROLE {role} LOGIN")
+        dsn = with_user(pg_dsn, role)
+    try:
+        scheduler = Scheduler(dsn, schema=pg_schema)
+        with anyio.fail_after(10), pytest.raises(StartupError, match=message):
+            async with scheduler:
+                pass
+    finally:
+        if problem == "no permission to migrate":
+            await pg_conn.execute(f"DROP ROLE {pg_schema}_limited")
+
+
+async def test_a_tick_while_the_database_is_down_is_an_error_not_a_crash() -> None:
+    dsn = f"postgresql://app@127.0.0.1:{closed_port()}/app"
+    scheduler = Scheduler(dsn, shutdown_grace=1)
+
+    @scheduler.job(every(3600, initial_delay=3000), id="later")
+    async def later(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:
+        result = await scheduler.run_now("later")
+    assert result.outcome is Outcome.ERROR
+    assert result.error is not None
+    assert result.error.startswith("DatabaseUnavailable: the database has not answered yet")
