@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import asyncpg
 import pytest
 
 from helpers import eventually
+from test_fleet import Fleet
 from ticklock import JobContext, Outcome, Scheduler, every
 
 PGBOUNCER = shutil.which("pgbouncer") or (
@@ -126,3 +128,64 @@ async def test_two_replicas_through_pgbouncer_transaction_pooling(
         for pool in pools:
             await pool.close()
         await direct.close()
+
+
+async def poison(bouncer: str, sessions: int = 10) -> None:
+    """Leave asyncpg's first named statement in every server session behind the bouncer, as
+    any asyncpg client with its statement cache on does (the next one to name a statement
+    the same way on that session fails)."""
+    conns = [await asyncpg.connect(bouncer) for _ in range(sessions)]
+    try:
+        trs = [conn.transaction() for conn in conns]
+        for tr in trs:  # all open at once: each holds a server session of its own
+            await tr.start()
+        for conn in conns:
+            await conn.fetchval("SELECT $1::int", 1)
+        for tr in trs:
+            await tr.commit()
+    finally:
+        for conn in conns:
+            conn.terminate()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ticklock", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_replicas_and_the_cli_work_through_pgbouncer_from_a_plain_dsn(
+    bouncer: str, pg_schema: str, pg_conn: Any, tmp_path: Path
+) -> None:
+    # What a user writes first: the bouncer's address as the DSN, no pool, no options.
+    await poison(bouncer)
+    migrated = cli("migrate", "--dsn", bouncer, "--schema", pg_schema)
+    assert migrated.returncode == 0, migrated.stderr
+    await pg_conn.execute(
+        f"CREATE TABLE {pg_schema}.log (job text, slot timestamptz, owner text, "
+        "started timestamptz, finished timestamptz, previous timestamptz, note text)"
+    )
+    fleet = Fleet(bouncer, pg_schema, tmp_path)
+    try:
+        for owner in ("r1", "r2", "r3"):
+            fleet.spawn(owner, "fleet")
+        await anyio.sleep(5)
+        for owner in ("r1", "r2", "r3"):
+            assert fleet.stop(owner) == 0, fleet.output(owner)
+            output = fleet.output(owner)
+            assert "outcome=error" not in output and "Traceback" not in output, output
+    finally:
+        fleet.kill_all()
+    rows = await pg_conn.fetch(f"SELECT job, slot FROM {pg_schema}.log WHERE job = 'fast'")
+    assert len(rows) >= 10
+    assert len(rows) == len({r["slot"] for r in rows}), "a slot committed twice"
+    errors = await pg_conn.fetchval(
+        f"SELECT count(*) FROM {pg_schema}.runs WHERE outcome IN ('error', 'failure')"
+    )
+    assert errors == 0
+    status = cli("status", "--dsn", bouncer, "--schema", pg_schema)
+    assert status.returncode in (0, 1), status.stderr  # 1: a job overdue, not an error
+    assert "fast" in status.stdout, status.stdout

@@ -3,6 +3,7 @@ behind, how it may end the transaction, and what a replica with a lying clock ma
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -331,6 +332,13 @@ async def test_a_watermark_already_in_the_future_raises_the_alarm(
     async with scheduler:
         health = {h.job_id: h for h in scheduler.health()}
     assert health["stuck"].overdue
+    status = await anyio.run_process(
+        [sys.executable, "-m", "ticklock", "status", "--dsn", pg_dsn, "--schema", pg_schema],
+        check=False,
+    )
+    assert status.returncode == 1
+    line = next(x for x in status.stdout.decode().splitlines() if x.startswith("stuck "))
+    assert line.endswith("FUTURE"), line
 
 
 # -- records that PostgreSQL would refuse are stored cleaned, or refused as a failure -------

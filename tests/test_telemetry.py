@@ -191,3 +191,27 @@ async def test_locked_and_skipped_attempts_are_spans_and_counts(
     ]
     assert locked and locked[0].attributes["ticklock.run.owner"] == "b"  # type: ignore[index]
     assert locked[0].status.status_code is StatusCode.UNSET
+
+
+async def test_a_timeout_span_records_a_timeout_error_where_the_handler_waited(
+    otel: Otel,
+) -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, tracer_provider=otel.tracer_provider)
+
+    async def stuck_on_something() -> None:
+        await anyio.sleep_forever()
+
+    @scheduler.job(every(60), id="hangs", timeout=5)
+    async def hangs(ctx: JobContext) -> None:
+        await stuck_on_something()
+
+    async with scheduler:
+        await clock.advance(6)
+    (span,) = otel.finished("hangs")
+    assert span.status.status_code is StatusCode.ERROR
+    (event,) = [e for e in span.events if e.name == "exception"]
+    attrs = dict(event.attributes or {})
+    assert attrs["exception.type"] == "TimeoutError"
+    assert attrs["exception.message"] == "timed out after 5 s"
+    assert "stuck_on_something" in str(attrs["exception.stacktrace"])

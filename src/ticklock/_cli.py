@@ -107,17 +107,21 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    import asyncpg
-
+    from ._coordination import FUTURE_LIMIT
+    from ._pgpool import connect
     from ._schema import quote
 
-    conn = await asyncpg.connect(args.dsn)
+    conn, _ = await connect(args.dsn)
     try:
+        # a watermark or end in the database's future (a replica whose clock ran ahead)
+        # stops every replica until then: flagged as overdue, whatever overdue_at says
         rows = await conn.fetch(
             "SELECT job_id, last_success_at, last_outcome, consecutive_failures, overdue_at, "
-            f"overdue_at < now() AS overdue FROM {quote(args.schema)}.jobs "
+            "overdue_at < now() AS overdue, greatest(last_slot, last_end) > now() + "
+            f"make_interval(secs => $2) AS future FROM {quote(args.schema)}.jobs "
             "WHERE namespace = $1 ORDER BY job_id",
             args.namespace,
+            FUTURE_LIMIT,
         )
     finally:
         await conn.close()
@@ -129,8 +133,8 @@ async def _status(args: argparse.Namespace) -> int:
             if row["last_success_at"]
             else "never"
         )
-        flag = "OVERDUE" if row["overdue"] else "ok"
-        overdue += bool(row["overdue"])
+        flag = "FUTURE" if row["future"] else "OVERDUE" if row["overdue"] else "ok"
+        overdue += bool(row["overdue"] or row["future"])
         print(
             f"{row['job_id']:<40} {last:<27} {row['last_outcome'] or '-':<12} "
             f"{row['consecutive_failures']:>5}  {flag}"
@@ -145,11 +149,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _migrate(args: argparse.Namespace) -> None:
-    import asyncpg
-
+    from ._pgpool import connect
     from ._schema import migrate
 
-    conn = await asyncpg.connect(args.dsn)
+    conn, _ = await connect(args.dsn)
     try:
         await migrate(conn, args.schema)
     finally:
