@@ -24,6 +24,7 @@ BAD_PORT = (
 MODULES = {
     "cli_boom": "import ticklock\nraise RuntimeError('boom at import')\n",
     "cli_plain": "answer = 42\n",
+    "cli_app": "from ticklock import Scheduler\nscheduler = Scheduler(shutdown_grace=1)\n",
     "cli_needs": "import cli_not_installed_anywhere\n",
     "cli_baddsn": "from ticklock import Scheduler\nscheduler = Scheduler('postgresql://u:Zq1@db:0/x')\n",
 }
@@ -165,3 +166,21 @@ def test_a_real_process_exits_2_without_a_traceback(app_dir: Path, argv: list[st
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith("ticklock: ") and out.stderr.count("\n") == 1, out.stderr
     assert "Zq1" not in out.stderr
+
+
+@pytest.mark.postgres
+def test_run_on_a_database_that_does_not_exist_is_one_line_and_exit_2(
+    app_dir: Path, pg_dsn: str
+) -> None:
+    missing = pg_dsn.rsplit("/", 1)[0] + "/cli_no_such_db"
+    out = subprocess.run(
+        [sys.executable, "-m", "ticklock", "run", "cli_app:scheduler", "--dsn", missing],
+        cwd=app_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and 'database "cli_no_such_db" does not exist' in lines[0], lines

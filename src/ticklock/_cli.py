@@ -21,7 +21,7 @@ import anyio
 
 from ._durations import dsn as valid_dsn
 from ._durations import redact
-from ._errors import ScheduleError
+from ._errors import ScheduleError, StartupError
 from ._scheduler import Scheduler
 from ._triggers import Cron
 
@@ -229,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (CommandError, ScheduleError) as exc:  # their messages never hold a password
         print(f"ticklock: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except StartupError as exc:  # the scheduler has logged it, as one ERROR line
+        if not logging.getLogger("ticklock").isEnabledFor(logging.ERROR):
+            print(f"ticklock: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:
         database = type(exc).__module__.startswith("asyncpg")
