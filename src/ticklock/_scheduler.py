@@ -415,8 +415,9 @@ class Scheduler:
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
         """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""
+        clock_now = self._clock.now()
         if now is None:
-            now = self._clock.now()
+            now = clock_now
         result = []
         for entry in self._entries.values():
             job = entry.job
@@ -435,7 +436,7 @@ class Scheduler:
             if job.enabled and base is not None:
                 limit = _plan.overdue_at(job, base)
                 overdue = limit is not None and now > limit
-            if job.enabled and _future(state, now):
+            if job.enabled and _future(state, clock_now):
                 # stored by a replica whose clock ran ahead: no replica runs the job until
                 # then, so it is overdue now (the database refuses such commits since)
                 overdue = True
