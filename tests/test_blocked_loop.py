@@ -97,11 +97,6 @@ async def test_watch_passes_results_exceptions_and_cancellation_through(
     assert blocked_warnings(caplog) == []  # no step came near the limit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the hook in src/ticklock/_tick.py: Runner._hold awaits "
-    "watch(job.func(ctx), job.id); remove this marker with it",
-)
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_scheduled_handler_that_blocks_the_loop_is_named_once(
     caplog: pytest.LogCaptureFixture,

@@ -75,7 +75,7 @@ async def serve(scheduler: Scheduler) -> None:
         async with scheduler:
             async for signum in signals:
                 logging.getLogger("ticklock").info(
-                    "ticklock: %s received, shutting down", signal.Signals(signum).name
+                    "%s received, shutting down", signal.Signals(signum).name
                 )
                 return
 

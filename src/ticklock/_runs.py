@@ -79,13 +79,13 @@ class Runs:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            logger.error("ticklock: a run task failed", exc_info=exc)
+            logger.error("a run task failed", exc_info=exc)
 
     async def _wrap(self, run: Run, arg: Any) -> None:
         try:
             await run(arg)
         except Exception:
-            logger.exception("ticklock: a run task failed")
+            logger.exception("a run task failed")
         finally:
             self._in_flight -= 1
             if not self._in_flight:
@@ -110,7 +110,7 @@ class Runs:
             _, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT)
             if pending:
                 logger.error(
-                    "ticklock: %d run(s) ignored cancellation for %.0f s and were left "
+                    "%d run(s) ignored cancellation for %.0f s and were left "
                     "running: a handler swallows CancelledError",
                     len(pending),
                     CANCEL_WAIT,

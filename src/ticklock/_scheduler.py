@@ -261,7 +261,7 @@ class Scheduler:
             logger.error("%s", exc)  # one line: the message names the cause and the fix
             raise
         except Exception:
-            logger.exception("ticklock: the scheduler stopped on an error")
+            logger.exception("the scheduler stopped on an error")
             raise
         finally:
             self._status = "idle"
@@ -290,7 +290,7 @@ class Scheduler:
             tg.start_soon(self._connect, name="ticklock.connect")
         self._status = "running"
         logger.info(
-            "ticklock: scheduler started (%s mode, %d jobs, owner %s)",
+            "scheduler started (%s mode, %d jobs, owner %s)",
             "postgres" if self.postgres else "local",
             len(self._entries),
             self.owner,
@@ -328,7 +328,7 @@ class Scheduler:
             self._dispatcher.forget(entry)
         if self._runs is not None:
             await self._runs.drain(self.shutdown_grace)
-        logger.info("ticklock: scheduler stopped")
+        logger.info("scheduler stopped")
 
     def _make_postgres(self) -> Coordinator:
         from ._postgres import PostgresCoordinator
@@ -362,7 +362,7 @@ class Scheduler:
         try:
             result, state = await self._runner.execute(job, entry.slot, entry.fire_at, entry.jitter)
         except Exception:  # a bug in ticklock itself must not stop the job
-            logger.exception("ticklock: internal error in a tick of %s", job.id)
+            logger.exception("internal error in a tick of %s", job.id)
             if not entry.removed and self._status == "running":
                 self._dispatcher.schedule(entry, None, retry_after=job.trigger.period)
             return

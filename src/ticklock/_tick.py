@@ -22,6 +22,7 @@ from . import _plan
 from ._clock import Clock, SystemClock, SystemDeadlines, deadline_scope
 from ._coordination import Attempt, Coordinator, FleetState
 from ._job import Job, JobContext, Outcome, RunResult
+from ._loop import watch
 from ._telemetry import JOB_ID, Telemetry, logger
 
 
@@ -205,7 +206,7 @@ class Runner:
         )
         run.executed = True
         try:
-            report = await job.func(ctx)
+            report = await watch(job.func(ctx), job.id)
         except Exception as exc:
             kind = self.coordinator.classify(exc) or Outcome.FAILURE
             run.fail(kind, exc, _describe(exc))
@@ -267,7 +268,7 @@ class Runner:
             try:
                 await attempt.close()
             except Exception:  # a dead connection: the server rolled back already
-                logger.debug("ticklock: closing the tick of %s failed", job.id, exc_info=True)
+                logger.debug("closing the tick of %s failed", job.id, exc_info=True)
         if run.outcome is Outcome.SUCCESS and run.result is not None:
             result = run.result
         else:
@@ -280,7 +281,7 @@ class Runner:
                 await self.coordinator.record_failure(result)
             except Exception:
                 logger.warning(
-                    "ticklock: could not record the %s of %s",
+                    "could not record the %s of %s",
                     result.outcome,
                     job.id,
                     exc_info=True,
