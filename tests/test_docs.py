@@ -39,3 +39,11 @@ def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
     assert ci[-1] == tests  # CI ends with the test command as the README gives it
     commands = re.findall(r"```sh\n(.*?)\n```", readme, flags=re.S)
     assert commands[:2] == [demo, tests]  # the first two commands a reader meets
+
+
+def test_the_readme_example_is_the_file_mypy_checks() -> None:
+    readme = (DOCS.parent / "README.md").read_text()
+    example = readme.split("## In 30 seconds\n", 1)[1]
+    block = re.findall(r"```python\n(.*?)```", example, flags=re.S)[0]
+    checked = Path(__file__).parent / "typing" / "readme_example.py"
+    assert block == checked.read_text()  # `mypy --strict tests/typing` checks that file

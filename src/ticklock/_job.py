@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ._durations import Duration, name, seconds
-from ._errors import ScheduleError
+from ._errors import ScheduleError, SchedulerStateError
 from ._triggers import Cron, Every, Trigger
 
 if TYPE_CHECKING:
@@ -45,7 +45,13 @@ class JobContext:
     ``conn`` is the asyncpg connection that holds the job's lock, inside the tick's
     transaction: write through it and your writes commit with the watermark or not at all.
     It is lent for the tick: any use after the handler returns raises
-    ``asyncpg.InterfaceError``. It is ``None`` in local mode.
+    ``asyncpg.InterfaceError``. It is ``None`` in local mode. ``db`` is the same connection,
+    typed as never ``None``, for handlers that run only in PostgreSQL mode::
+
+        @scheduler.job(every(minutes=15), id="purge-expired")
+        async def purge(ctx: JobContext) -> dict[str, int]:
+            deleted = await ctx.db.fetchval("SELECT count(*) FROM expired")
+            return {"deleted": deleted}
     """
 
     job_id: str
@@ -59,6 +65,20 @@ class JobContext:
     owner: str
     conn: asyncpg.Connection[Any] | None
     namespace: str = "default"
+    attempt: int = 1
+    """1 for a slot's first attempt, 2 for its first retry, and so on."""
+
+    @property
+    def db(self) -> asyncpg.Connection[Any]:
+        """The tick's connection (``conn``), never ``None``: raises
+        :class:`~ticklock.SchedulerStateError`, naming the job, in local mode."""
+        if self.conn is None:
+            raise SchedulerStateError(
+                f"job {self.job_id!r}: ctx.db is the tick's PostgreSQL connection, and this "
+                "run has none: the scheduler is in local mode (no dsn or pool). Give the "
+                "Scheduler a dsn, or use ctx.conn, which is None in local mode"
+            )
+        return self.conn
 
     @property
     def idempotency_key(self) -> str:
