@@ -8,20 +8,34 @@ time instead of sleeping::
     ...
     async with scheduler:
         await clock.advance(3600)      # every deadline on the way fires, in order
+
+:func:`run_job` calls one handler once with a real :class:`~ticklock.JobContext`, without a
+scheduler; with a connection, inside a transaction that it rolls back unless asked to commit::
+
+    report = await run_job(purge, conn=conn)
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import math
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-__all__ = ("ManualClock",)
+from ._job import JobContext, _is_async
 
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = ("ManualClock", "run_job")
+
+T = TypeVar("T")
 _DEFAULT_START = datetime(2030, 1, 1, tzinfo=timezone.utc)
 _SETTLE_ROUNDS = 10_000  # bounds the wait when some task never blocks
 
@@ -109,3 +123,107 @@ async def _settle() -> None:
                 break
         else:
             return
+
+
+async def run_job(
+    handler: Callable[[JobContext], Awaitable[T]],
+    *,
+    conn: asyncpg.Connection[Any] | None = None,
+    dsn: str | None = None,
+    commit: bool = False,
+    slot: datetime | None = None,
+    previous_success: datetime | None = None,
+    attempt: int = 1,
+    job_id: str = "test",
+    namespace: str = "default",
+    timeout: float | timedelta = 60.0,  # noqa: ASYNC109 (the job's timeout, as declared)
+) -> T:
+    """Run ``handler`` once with a real :class:`~ticklock.JobContext` and return what it
+    returns, without a scheduler (no lock, no watermark, no run record).
+
+    Without ``conn`` or ``dsn`` it runs as in local mode: ``ctx.conn`` is ``None``. Given an
+    asyncpg connection (``conn``), or a ``dsn`` to connect to and close after, the handler
+    runs inside a transaction on it, as a tick does (``ctx.conn`` and ``ctx.db`` are that
+    connection); the transaction is rolled back, or committed with ``commit=True`` when the
+    handler returns. ``slot`` defaults to now. The handler's exception propagates; a run
+    longer than ``timeout`` raises ``TimeoutError``; a report the scheduler could not store
+    (not JSON) raises ``ValueError``. ``conn`` and ``dsn`` need asyncio, as asyncpg does::
+
+        report = await run_job(purge, conn=conn, slot=datetime(2026, 1, 1, tzinfo=timezone.utc))
+        assert report == {"deleted": 3}    # and the deletion was rolled back
+    """
+    from ._durations import dsn as valid_dsn
+    from ._durations import name, seconds
+
+    if not _is_async(handler):
+        raise TypeError(f"run_job: handler must be an async function, got {handler!r}")
+    if conn is not None and dsn is not None:
+        raise ValueError("run_job: give conn or dsn, not both")
+    if not isinstance(commit, bool):
+        raise ValueError(f"run_job: commit must be True or False, got {commit!r}")
+    if commit and conn is None and dsn is None:
+        raise ValueError("run_job: commit=True needs conn or dsn (local mode has no transaction)")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise ValueError(f"run_job: attempt must be an int of at least 1, got {attempt!r}")
+    limit = seconds(timeout, "timeout", allow_zero=False)
+    if previous_success is not None:
+        previous_success = _utc(previous_success, "previous_success")
+    started = datetime.now(timezone.utc)
+    ctx = JobContext(
+        job_id=name(job_id, "job_id"),
+        slot=started if slot is None else _utc(slot, "slot"),
+        previous_success=previous_success,
+        started_at=started,
+        deadline=started + timedelta(seconds=limit),
+        owner="test",
+        conn=conn,
+        namespace=name(namespace, "namespace"),
+        attempt=attempt,
+    )
+    if dsn is None:
+        return await _run(handler, ctx, limit, commit)
+    from ._pgpool import connect
+
+    own, _ = await connect(valid_dsn(dsn, "dsn"))
+    try:
+        return await _run(handler, dataclasses.replace(ctx, conn=own), limit, commit)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await own.close()
+
+
+async def _run(
+    handler: Callable[[JobContext], Awaitable[T]], ctx: JobContext, limit: float, commit: bool
+) -> T:
+    """Call ``handler`` under its timeout, in a transaction on ``ctx.conn`` if there is one."""
+    from ._tick import _check_report  # the scheduler's own test of a storable report
+
+    tx = None if ctx.conn is None else ctx.conn.transaction()
+    if tx is not None:
+        await tx.start()
+    try:
+        with anyio.fail_after(limit):
+            report = await handler(ctx)
+        if report is not None:
+            try:
+                _check_report(report)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"run_job: job {ctx.job_id!r}: the report is not JSON-serialisable "
+                    f"({exc}); the scheduler would record the run as a failure"
+                ) from exc
+    except BaseException:
+        if tx is not None:
+            with anyio.CancelScope(shield=True):
+                await tx.rollback()
+        raise
+    if tx is not None:
+        await (tx.commit() if commit else tx.rollback())
+    return report
+
+
+def _utc(value: datetime, field: str) -> datetime:
+    """``value`` in UTC; refuses anything but an aware datetime."""
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ValueError(f"run_job: {field} must be an aware datetime, got {value!r}")
+    return value.astimezone(timezone.utc)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import anyio
+import asyncpg
 
 from ticklock import JobContext, JobHealth, RunResult, Scheduler, cron, every, lock_key
-from ticklock.testing import ManualClock
+from ticklock.testing import ManualClock, run_job
 
 scheduler = Scheduler(
     None,
@@ -27,11 +29,24 @@ async def purge(ctx: JobContext) -> dict[str, int]:
     return {"deleted": 0}
 
 
+@scheduler.job(every(hours=1), id="postgres-only")
+async def postgres_only(ctx: JobContext) -> int:
+    conn: asyncpg.Connection[Any] = ctx.db  # never None: raises in local mode
+    attempt: int = ctx.attempt
+    return attempt + int(await conn.fetchval("SELECT 1"))
+
+
 @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"))
 async def nightly(ctx: JobContext) -> None:
     since: datetime | None = ctx.previous_success
     key: str = ctx.idempotency_key
     del since, key
+
+
+async def test_purge(conn: asyncpg.Connection[Any]) -> None:
+    report: dict[str, int] = await run_job(purge, conn=conn, commit=False)
+    local: int = await run_job(postgres_only, slot=datetime.now(timezone.utc), attempt=2)
+    del report, local
 
 
 async def main() -> None:
