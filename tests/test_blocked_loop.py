@@ -6,16 +6,28 @@ These tests block for real (``time.sleep``) on the system clock: blocking is abo
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from ticklock import JobContext, Scheduler, every
-from ticklock._loop import watch
+from ticklock import JobContext, Scheduler, SystemClock, every
+from ticklock._loop import Dispatcher
+from ticklock._loop import watch as watch_with
+
+
+async def watch(awaitable: Awaitable[T], job_id: str) -> T:
+    """watch(), reporting through a dispatcher's WARNING as a scheduler's runs do."""
+    dispatcher = Dispatcher(SystemClock(), random.Random(), lambda entry: None)
+    return await watch_with(awaitable, job_id, dispatcher.blocked)
+
 
 pytestmark = pytest.mark.anyio
+T = TypeVar("T")
 
 
 def blocked_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

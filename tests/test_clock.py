@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from datetime import datetime, timedelta, timezone
 
 import anyio
@@ -12,7 +11,6 @@ import pytest
 import time_machine
 
 from ticklock import JobContext, Scheduler, cron
-from ticklock._clock import SystemDeadlines
 from ticklock.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -90,25 +88,3 @@ async def test_a_forward_wall_step_is_noticed_within_five_seconds() -> None:
     slot, wall, waited = await _first_fire(60.0, start)  # 12:01:02: the 12:01 fire is due
     assert slot == datetime(2026, 1, 1, 12, 1, tzinfo=timezone.utc)
     assert waited <= 5.5  # not the 58 s the monotonic deadline said
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_run_timeouts_hold_only_the_scopes_still_needed() -> None:
-    # One loop timer serves every run's timeout; a finished run's entry must not linger (a
-    # busy scheduler would grow the heap by a timeout's worth of runs, then pop them all at
-    # once when the timer fires).
-    deadlines = SystemDeadlines()
-    for _ in range(100):  # runs one after another: each leaves nothing behind
-        with deadlines.scope(time.monotonic() + 60):
-            await anyio.lowlevel.checkpoint()
-    assert deadlines._heap == []
-    # out of order: a run with a later deadline that ends first waits under the earlier one
-    early = deadlines.scope(time.monotonic() + 60)
-    late = deadlines.scope(time.monotonic() + 120)
-    early.__enter__()
-    with late:
-        pass
-    assert len(deadlines._heap) == 2
-    early.__exit__(None, None, None)
-    assert deadlines._heap == []
-    deadlines.close()

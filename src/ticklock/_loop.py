@@ -1,37 +1,40 @@
 """The deadline heap that drives every job of a scheduler from one task.
 
-One sleeping task for all jobs: the loop sleeps until the earliest deadline (on the clock's
-monotonic time) and wakes early when a job is added, removed or rescheduled. A task exists
-only for a run in flight. Cron deadlines are wall-clock instants: the loop re-reads the wall
-clock at least every :data:`WALL_WATCH` seconds while a cron job is scheduled, so that a
-wall-clock step is noticed within that bound, and it never starts a cron run before its
-instant.
+One sleeping task for all jobs: the loop sleeps on the scheduler's clock until the earliest
+deadline and wakes early when a job is added, removed or rescheduled. Two kinds of deadline
+share it: a job's next start, and a run's timeout (:meth:`Dispatcher.bound`), so that the
+system clock and a test's :class:`~ticklock.testing.ManualClock` drive the same code. A task
+exists only for a run in flight.
+
+Cron deadlines are wall-clock instants: while a cron job is scheduled the loop re-reads the
+wall clock at least every :data:`WALL_WATCH` seconds, so that a wall-clock step is noticed
+within that bound, and it never starts a cron run before its instant.
 
 A handler that blocks the event loop (synchronous work in an ``async def``) stops every job
 and the app with it. :func:`watch` times each step of a handler and names the job whose step
-held the loop for more than :data:`BLOCKED_WARNING` seconds; the dispatcher warns, without a
-name, when it wakes that late for any other reason (code outside the handlers).
+held the loop for more than :data:`BLOCKED_WARNING` seconds; the loop warns, without a name,
+when it wakes that late for any other reason (code outside the handlers).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import math
 import random as _random
-import threading
 import types
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from time import monotonic
 from typing import Any, NoReturn, TypeVar
 
 import anyio
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock
 from ._coordination import FleetState
 from ._job import Job
-from ._timerfd import open_timer
 from ._triggers import Cron
 
 WALL_WATCH = 5.0
@@ -49,19 +52,12 @@ T = TypeVar("T")
 _THREADING_ADVICE = "run it in a worker thread with 'await anyio.to_thread.run_sync(...)'"
 
 
-class _Blocks(threading.local):
-    """How many handler steps were reported as blocking this thread's event loop."""
-
-    reported = 0
-
-
-_blocks = _Blocks()
-
-
 @types.coroutine
-def watch(awaitable: Awaitable[T], job_id: str) -> Generator[Any, Any, T]:
-    """Await ``awaitable`` (a run of job ``job_id``), warning when one of its steps holds the
-    event loop for more than :data:`BLOCKED_WARNING` seconds.
+def watch(
+    awaitable: Awaitable[T], job_id: str, blocked: Callable[[str, float], None]
+) -> Generator[Any, Any, T]:
+    """Await ``awaitable`` (a run of job ``job_id``), calling ``blocked(job_id, seconds)`` when
+    one of its steps holds the event loop for more than :data:`BLOCKED_WARNING` seconds.
 
     A step is the code between two suspensions, so a step that long is synchronous work on
     the loop. Two clock reads per step, no thread, no timer: a handler that returns without
@@ -77,16 +73,16 @@ def watch(awaitable: Awaitable[T], job_id: str) -> Generator[Any, Any, T]:
             signal = steps.send(sent) if thrown is None else steps.throw(thrown)
         except StopIteration as stop:
             if (held := monotonic() - start) > BLOCKED_WARNING:
-                _blocked_by(job_id, held)
+                blocked(job_id, held)
             return stop.value  # type: ignore[no-any-return]
         except BaseException:
             thrown = None  # not kept: the traceback holds this frame
             if (held := monotonic() - start) > BLOCKED_WARNING:
-                _blocked_by(job_id, held)
+                blocked(job_id, held)
             raise
         thrown = None
         if (held := monotonic() - start) > BLOCKED_WARNING:
-            _blocked_by(job_id, held)
+            blocked(job_id, held)
         try:
             sent = yield signal
         except GeneratorExit:  # closed without finishing: close the handler too
@@ -94,18 +90,6 @@ def watch(awaitable: Awaitable[T], job_id: str) -> Generator[Any, Any, T]:
             raise
         except BaseException as exc:  # cancellation, or anything else thrown in
             sent, thrown = None, exc
-
-
-def _blocked_by(job_id: str, seconds: float) -> None:
-    _blocks.reported += 1
-    logger.warning(
-        "the event loop was blocked for %.1f s by job %r: its handler runs synchronous work "
-        "on the event loop, which holds up every job and the application; %s",
-        seconds,
-        job_id,
-        _THREADING_ADVICE,
-        extra={"job_id": job_id, "blocked": seconds},
-    )
 
 
 class Entry:
@@ -148,19 +132,32 @@ class Entry:
         return id(self) < id(other)
 
 
+class _Timeout:
+    """A run's timeout in the heap: ``scope`` is ``None`` once the run has left it."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope: anyio.CancelScope | None = scope
+
+
 class Dispatcher:
-    """Holds the deadlines of all entries and starts a run for each one that comes due."""
+    """Holds the deadlines of all entries and of the runs in flight: starts a run for each
+    entry that comes due, and cancels each run whose timeout passes."""
 
     def __init__(self, clock: Clock, rng: _random.Random, spawn: Callable[[Entry], None]) -> None:
         self._clock = clock
         self._random = rng
         self._spawn = spawn
         self._heap: list[tuple[float, int, Entry]] = []
+        self._timeouts: list[tuple[float, int, _Timeout]] = []
+        self._sequence = itertools.count().__next__
         self._wake: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
         self._offset: float | None = None
         self._stale = 0  # heap items superseded before they came due
-        self.cron_jobs = 0
+        self._cron = 0  # cron entries in the heap: the wall clock is watched while any is
+        self._blocks = 0  # handler steps reported by blocked()
 
     def schedule(
         self, entry: Entry, slot: datetime | None, *, retry_after: float | None = None
@@ -187,17 +184,25 @@ class Dispatcher:
             assert now is not None
             wait = (entry.fire_at - now).total_seconds()
             entry.deadline = now_m + wait if wait > 0 else now_m
+        self._push(entry)
+        if entry.deadline < self._sleeping_until:
+            self.wake()
+
+    def _push(self, entry: Entry) -> None:
         heapq.heappush(self._heap, (entry.deadline, entry.generation, entry))
         entry.queued = True
-        if entry.deadline < self._sleeping_until and self._wake is not None:
-            self._wake.cancel()
+        self._cron += entry.is_cron
+
+    def _unqueue(self, entry: Entry) -> None:
+        entry.queued = False
+        self._cron -= entry.is_cron
 
     def forget(self, entry: Entry) -> None:
         """Forget ``entry``'s deadline (its heap item goes stale)."""
         entry.generation += 1
         entry.deadline = math.inf
         if entry.queued:
-            entry.queued = False
+            self._unqueue(entry)
             self._stale += 1
             # A removed job, or one re-planned early (run_now), leaves its old item until it
             # would have come due: a day later for a daily job. Past half the heap, drop them
@@ -208,69 +213,88 @@ class Dispatcher:
                 heapq.heapify(self._heap)
                 self._stale = 0
 
+    @contextmanager
+    def bound(self, deadline: float) -> Iterator[anyio.CancelScope]:
+        """A cancel scope that this loop cancels when its clock reaches ``deadline`` (the
+        timeout of a run; the scope has no deadline of its own, so shields inside hold)."""
+        with anyio.CancelScope() as scope:
+            timeout = _Timeout(scope)
+            heapq.heappush(self._timeouts, (deadline, self._sequence(), timeout))
+            if deadline < self._sleeping_until:
+                self.wake()
+            try:
+                yield scope
+            finally:
+                timeout.scope = None
+                timeouts = self._timeouts
+                while timeouts and timeouts[0][2].scope is None:  # finished runs on top
+                    heapq.heappop(timeouts)
+
+    def blocked(self, job_id: str, seconds: float) -> None:
+        """Warn that a step of ``job_id``'s handler held the event loop for ``seconds``."""
+        self._blocks += 1
+        logger.warning(
+            "the event loop was blocked for %.1f s by job %r: its handler runs synchronous "
+            "work on the event loop, which holds up every job and the application; %s",
+            seconds,
+            job_id,
+            _THREADING_ADVICE,
+            extra={"job_id": job_id, "blocked": seconds},
+        )
+
     def wake(self) -> None:
         """Make the loop re-read its deadlines now."""
         if self._wake is not None:
             self._wake.cancel()
 
     async def run(self) -> NoReturn:
-        """Start every run that comes due, forever (until cancelled)."""
+        """Start every run that comes due and end every run that times out, forever."""
         clock = self._clock
-        # On the system clock, a timerfd wakes the loop to the microsecond (asyncio's own
-        # timers wake up to 1 ms late); see _timerfd.
-        timer = open_timer() if type(clock) is SystemClock else None
-        try:
-            await self._serve(clock.sleep_until if timer is None else timer.sleep_until)
-        finally:
-            if timer is not None:
-                timer.close()
-
-    async def _serve(self, sleep_until: Callable[[float], Awaitable[None]]) -> NoReturn:
-        clock = self._clock
-        heap = self._heap
+        heap, timeouts = self._heap, self._timeouts
         due: list[Entry] = []
         while True:
-            # read before spawning: a run that starts eagerly (3.12+) may block right here
-            reported = _blocks.reported
+            blocks = self._blocks
             now_m = clock.monotonic()
-            now = clock.now() if self.cron_jobs else None
+            now = clock.now() if self._cron else None
             if now is not None:
                 self._watch_wall(now, now_m)
+            while timeouts and (timeouts[0][2].scope is None or timeouts[0][0] <= now_m):
+                scope = heapq.heappop(timeouts)[2].scope
+                if scope is not None:
+                    scope.cancel()
             while heap and heap[0][0] <= now_m:
                 _, generation, entry = heapq.heappop(heap)
                 if generation != entry.generation:
                     self._stale -= 1
                     continue
-                entry.queued = False
+                self._unqueue(entry)
                 if entry.running:
                     continue
                 fire_at = entry.fire_at
                 if now is not None and fire_at is not None and fire_at > now and entry.is_cron:
                     # never fire a cron job early (the wall clock stepped back)
                     entry.deadline = now_m + (fire_at - now).total_seconds()
-                    heapq.heappush(heap, (entry.deadline, generation, entry))
-                    entry.queued = True
+                    self._push(entry)
                     continue
                 entry.running = True
                 due.append(entry)
-            # Spawned after the pass: a run that starts eagerly may finish and reschedule its
-            # job at once, and a deadline it sets is served by the next pass, not this one.
+            # Spawned after the pass, so that a deadline a run sets is served by the next one.
             for entry in due:
                 self._spawn(entry)
             due.clear()
-            until = heap[0][0] if heap else math.inf
-            if self.cron_jobs:
+            until = min(heap[0][0] if heap else math.inf, timeouts[0][0] if timeouts else math.inf)
+            if self._cron:
                 until = min(until, now_m + WALL_WATCH)
             self._sleeping_until = until
             with anyio.CancelScope() as scope:
                 self._wake = scope
-                await sleep_until(until)
+                await clock.sleep_until(until)
             self._wake = None
             self._sleeping_until = math.inf
             if (
                 not scope.cancel_called
                 and (late := clock.monotonic() - until) > BLOCKED_WARNING
-                and _blocks.reported == reported  # else a handler's block, named already
+                and self._blocks == blocks  # else a handler's block, named already
             ):
                 logger.warning(
                     "the event loop was blocked for %.1f s, so jobs start late: some code "

@@ -197,8 +197,6 @@ class Scheduler:
             raise KeyError(f"no job with id {id!r}") from None
         entry.removed = True
         self._dispatcher.forget(entry)
-        if self._status == "running" and entry.job.enabled and entry.is_cron:
-            self._dispatcher.cron_jobs -= 1
         return entry.job
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -241,19 +239,25 @@ class Scheduler:
             if self.postgres:
                 self._coordinator = self._make_postgres()
             self._runner = Runner(
-                self._coordinator, self._clock, self.namespace, self.owner, self._telemetry
+                self._coordinator,
+                self._clock,
+                self._dispatcher,
+                self.namespace,
+                self.owner,
+                self._telemetry,
             )
             await self._coordinator.open()
             try:
                 async with anyio.create_task_group() as tg:
                     self._runs = Runs()
                     await tg.start(self._runs.serve)
+                    # beside the runs, so that their timeouts fire while they drain
+                    self._runs.service(self._dispatcher.run, "ticklock.dispatcher")
                     try:
                         await self._serve(tg, task_status)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await self._drain()
-                        self._runner.close()
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._coordinator.close()
@@ -268,7 +272,6 @@ class Scheduler:
             self._runs = None
             for entry in self._entries.values():
                 self._dispatcher.forget(entry)
-            self._dispatcher.cron_jobs = 0
 
     def _check_idle(self) -> None:
         if self._status != "idle":
@@ -296,7 +299,7 @@ class Scheduler:
             self.owner,
         )
         task_status.started()
-        await self._dispatcher.run()
+        await anyio.sleep_forever()
 
     async def _load(self) -> dict[str, FleetState] | None:
         """The fleet's state of every job (``None`` if the database stopped answering)."""
@@ -348,8 +351,6 @@ class Scheduler:
         job = entry.job
         if not job.enabled:
             return
-        if entry.is_cron:
-            self._dispatcher.cron_jobs += 1
         self._dispatcher.schedule(entry, _plan.first(job, entry.state or _NO_STATE, now))
 
     def _spawn(self, entry: Entry) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
@@ -47,9 +45,6 @@ class Telemetry:
 
         self._last_successes = last_successes
         self._own_tracer_provider = tracer_provider is not None
-        self._own_meter_provider = meter_provider is not None
-        self._globals_checked_at = -math.inf
-        self._global_tracing = self._global_metering = False
         self.tracer = trace.get_tracer(NAME, __version__, tracer_provider=tracer_provider)
         meter = metrics.get_meter(NAME, __version__, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
@@ -71,31 +66,10 @@ class Telemetry:
         )
 
     def tracing(self) -> bool:
-        """Whether spans can be recorded: a provider was given, or a global one was set."""
-        if self._own_tracer_provider:
-            return True
-        self._check_globals()
-        return self._global_tracing
-
-    def metering(self) -> bool:
-        """Whether measurements can be recorded: a provider was given, or a global one set."""
-        if self._own_meter_provider:
-            return True
-        self._check_globals()
-        return self._global_metering
-
-    def _check_globals(self) -> None:
-        # Looked up at most once a second: the lookups read os.environ, and ticks are hot.
-        now = time.monotonic()
-        if now < self._globals_checked_at + 1.0:
-            return
-        self._globals_checked_at = now
-        self._global_tracing = not isinstance(
+        """Whether spans can be recorded: a provider was given, or a global one was set (with
+        none, a tick skips the span entirely)."""
+        return self._own_tracer_provider or not isinstance(
             trace.get_tracer_provider(), trace.ProxyTracerProvider
-        )
-        # The API's global default is a proxy (a private class) until an SDK is installed.
-        self._global_metering = type(metrics.get_meter_provider()).__name__ != (
-            "_ProxyMeterProvider"
         )
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
@@ -127,12 +101,11 @@ class Telemetry:
                 if exc is not None:
                     span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, result.error))
-        if self.metering():
-            attributes = {JOB_ID: result.job_id, OUTCOME: outcome}
-            self.runs.add(1, attributes)
-            self.duration.record(result.duration, attributes)
-            if lateness is not None:
-                self.lateness.record(lateness, {JOB_ID: result.job_id})
+        attributes = {JOB_ID: result.job_id, OUTCOME: outcome}  # with no SDK: no-ops
+        self.runs.add(1, attributes)
+        self.duration.record(result.duration, attributes)
+        if lateness is not None:
+            self.lateness.record(lateness, {JOB_ID: result.job_id})
         self._log(result, exc)
 
     def _log(self, result: RunResult, exc: BaseException | None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,10 +18,10 @@ import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import _plan
-from ._clock import Clock, SystemClock, SystemDeadlines, deadline_scope
+from ._clock import Clock
 from ._coordination import Attempt, Coordinator, FleetState
 from ._job import Job, JobContext, Outcome, RunResult
-from ._loop import watch
+from ._loop import Dispatcher, watch
 from ._telemetry import JOB_ID, Telemetry, logger
 
 
@@ -80,23 +79,19 @@ class Runner:
         self,
         coordinator: Coordinator,
         clock: Clock,
+        dispatcher: Dispatcher,
         namespace: str,
         owner: str,
         telemetry: Telemetry,
     ) -> None:
         self.coordinator = coordinator
         self.clock = clock
+        self.dispatcher = dispatcher  # bounds each run by its timeout, names blocking handlers
         self.namespace = namespace
         self.owner = owner
         self.telemetry = telemetry
-        self._deadlines = SystemDeadlines() if type(clock) is SystemClock else None
 
-    def close(self) -> None:
-        """Release the run timeouts' loop timer, once no run is in flight."""
-        if self._deadlines is not None:
-            self._deadlines.close()
-
-    def execute(
+    async def execute(
         self,
         job: Job,
         slot: datetime | None,
@@ -104,19 +99,14 @@ class Runner:
         jitter: float = 0.0,
         *,
         manual: bool = False,
-    ) -> Coroutine[Any, Any, tuple[RunResult, FleetState | None]]:
+    ) -> tuple[RunResult, FleetState | None]:
         """Run one tick of ``job`` for ``slot`` (``None``: the slot the fleet's state gives).
 
         ``manual`` runs now (slot = now) whatever the schedule says, under the same lock,
-        watermark and recording. Await the result.
+        watermark and recording.
         """
-        if not self.telemetry.tracing():  # no SDK: no span, and no coroutine layer for it
-            return self._execute(job, slot, fire_at, jitter, manual, INVALID_SPAN)
-        return self._traced(job, slot, fire_at, jitter, manual)
-
-    async def _traced(
-        self, job: Job, slot: datetime | None, fire_at: datetime | None, jitter: float, manual: bool
-    ) -> tuple[RunResult, FleetState | None]:
+        if not self.telemetry.tracing():  # no SDK: no span to start
+            return await self._execute(job, slot, fire_at, jitter, manual, INVALID_SPAN)
         with self.telemetry.tracer.start_as_current_span(
             f"ticklock.run {job.id}",
             attributes={JOB_ID: job.id},
@@ -141,17 +131,10 @@ class Runner:
         run = _Run(slot=started if manual else slot)
         attempt: Attempt | None = None
         try:
-            if self._deadlines is not None:
-                with self._deadlines.scope(deadline) as scope:
-                    attempt = await self.coordinator.attempt(job.id, job.timeout)
-                    await self._hold(job, attempt, run, started, manual)
-                overran = scope.cancel_called
-            else:
-                async with deadline_scope(clock, deadline) as scope:
-                    attempt = await self.coordinator.attempt(job.id, job.timeout)
-                    await self._hold(job, attempt, run, started, manual)
-                overran = scope.cancel_called
-            overran = overran or clock.monotonic() >= deadline
+            with self.dispatcher.bound(deadline) as scope:
+                attempt = await self.coordinator.attempt(job.id, job.timeout)
+                await self._hold(job, attempt, run, started, manual)
+            overran = scope.cancel_called or clock.monotonic() >= deadline
             if overran and run.outcome in (None, Outcome.SUCCESS):
                 error = f"timed out after {job.timeout:g} s"
                 # the traceback of the cancellation says where the handler was waiting
@@ -206,7 +189,7 @@ class Runner:
         )
         run.executed = True
         try:
-            report = await watch(job.func(ctx), job.id)
+            report = await watch(job.func(ctx), job.id, self.dispatcher.blocked)
         except Exception as exc:
             kind = self.coordinator.classify(exc) or Outcome.FAILURE
             run.fail(kind, exc, _describe(exc))
