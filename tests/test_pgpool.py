@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import anyio
 import asyncpg
 import pytest
 
-from helpers import eventually
-from ticklock import JobContext, Outcome, Scheduler, _pgpool, every
-from ticklock._pgpool import ConnectionPool
+from ticklock import JobContext, Outcome, Scheduler, every
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -49,7 +46,7 @@ async def test_ctx_conn_is_a_connection_during_its_tick_and_unusable_after(
 
     @scheduler.job(every(3600, initial_delay=3000), id="keeper")
     async def keeper(ctx: JobContext) -> int:
-        assert isinstance(ctx.conn, asyncpg.Connection)
+        assert ctx.conn is not None
         kept.append(ctx.conn)
         return int(await ctx.conn.fetchval("SELECT 41 + 1"))
 
@@ -114,7 +111,12 @@ async def test_ctx_conn_transaction_is_a_savepoint_of_the_tick(
 async def test_the_reset_travels_only_when_the_handler_touched_the_connection(
     pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(asyncpg, "connect", partial(asyncpg.connect, connection_class=ResetCounter))
+    connect = asyncpg.connect
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        return await connect(*args, **{**kwargs, "connection_class": ResetCounter})
+
+    monkeypatch.setattr(asyncpg, "connect", counting)
     monkeypatch.setattr(ResetCounter, "resets", [])
     scheduler = Scheduler(pg_dsn, schema=pg_schema)
     touch = [False]
@@ -173,75 +175,3 @@ async def test_a_listener_a_handler_leaves_never_hears_a_later_tick(
         await anyio.wait_all_tasks_blocked()  # a notice's callback would have run by now
     assert heard == ["tick"], "a later tick's notice reached the first tick's listener"
     assert pids[1] != pids[0] and pids[2] == pids[1]  # only the connection with a callback went
-
-
-async def test_the_pool_reuses_the_latest_connection_and_waits_at_its_size(pg_dsn: str) -> None:
-    pool = ConnectionPool(pg_dsn, max_size=2)
-    try:
-        a = await pool.acquire()
-        b = await pool.acquire()
-        pid_a, pid_b = a.get_server_pid(), b.get_server_pid()
-        got: list[Any] = []
-
-        async def third() -> None:
-            got.append(await pool.acquire())
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(third)
-            await anyio.wait_all_tasks_blocked()
-            assert got == [], "a third connection while two are in use"
-            pool.release(a, clean=True)
-        assert got[0].get_server_pid() == pid_a  # the released one, not a new one
-        pool.release(got[0], clean=True)
-        pool.release(b, clean=True)
-        again = await pool.acquire()
-        assert again.get_server_pid() == pid_b  # last in, first out
-        pool.release(again, clean=True)
-    finally:
-        await pool.close()
-
-
-async def test_the_pool_drops_unclean_closed_and_long_idle_connections(
-    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pool = ConnectionPool(pg_dsn, max_size=3)
-    try:
-        dirty = await pool.acquire()
-        await dirty.execute("BEGIN")
-        pool.release(dirty, clean=False)  # a transaction might be open: never reused
-        assert dirty.is_closed()
-
-        a, b = await pool.acquire(), await pool.acquire()
-        pool.release(a, clean=True)
-        await a.close()  # closed while idle (a server restart, say): skipped on acquire
-        c = await pool.acquire()
-        assert c is not a and not c.is_closed()
-
-        pool.release(c, clean=True)
-        monkeypatch.setattr(_pgpool, "MAX_IDLE", -1.0)  # any idle time is too long
-        pool.release(b, clean=True)  # c has been idle longer than MAX_IDLE: closed
-        await eventually(closed(c), 5, "the long-idle connection to close")
-        assert not b.is_closed()
-
-        monkeypatch.setattr(_pgpool, "MAX_LIFETIME", 0.0)
-        old = await pool.acquire()
-        assert old is b
-        pool.release(old, clean=True)  # older than MAX_LIFETIME: closed, not reused
-        await eventually(closed(old), 5, "the old connection to close")
-        fresh = await pool.acquire()
-        assert fresh is not old and not fresh.is_closed()
-        pool.release(fresh, clean=True)
-    finally:
-        await pool.close()
-
-
-async def test_a_closed_pool_closes_its_connections_and_refuses_more(pg_dsn: str) -> None:
-    pool = ConnectionPool(pg_dsn, max_size=2)
-    idle, busy = await pool.acquire(), await pool.acquire()
-    pool.release(idle, clean=True)
-    await pool.close()
-    assert idle.is_closed()
-    pool.release(busy, clean=True)  # in use when the pool closed: closed on its way back
-    await eventually(closed(busy), 5, "the connection in use to close")
-    with pytest.raises(RuntimeError, match="closed"):
-        await pool.acquire()

@@ -1,42 +1,23 @@
-"""The connections ticklock opens itself from a DSN: a small pool whose release does not wait.
+"""The connections of PostgreSQL mode: asyncpg's pool, what a handler sees of a tick's
+connection (``ctx.conn``), and recognising a transaction-mode pooler.
 
 A tick ends its own transaction with a COMMIT or ROLLBACK that carries the session reset, so
-its connection comes back clean and can go straight back on the idle stack. asyncpg's
-``Pool.release`` would run a task under ``asyncio.shield`` (two more passes of the event
-loop) and a reset of its own on every tick; a pool the user passes keeps that behaviour.
-
-Idle connections are reused last-in first-out, so a quiet scheduler keeps using the same one;
-those that stay unused for :data:`MAX_IDLE` seconds are closed when a later one comes back,
-and a connection older than :data:`MAX_LIFETIME` is closed when it comes back (a server
-process's caches grow with what its sessions touched; asyncpg's pool recycles a connection
-after 50,000 queries for the same reason).
+the pool ticklock creates from a DSN resets nothing more when a connection comes back (its
+``reset=`` does nothing; asyncpg still drops client-side listeners and rolls back an open
+transaction itself). A pool the user passes keeps its own reset.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 if TYPE_CHECKING:
     import asyncpg
 
-    _Base = object
-else:
-    import asyncpg.connection
+MAX_SIZE = 10
+"""Connections of the pool ticklock creates: one per tick in flight, opened on demand."""
 
-    # Lets isinstance(lease, asyncpg.Connection) hold, as it does for asyncpg's pool proxy.
-    _Base = getattr(asyncpg.connection, "_ConnectionProxy", object)
-
-MAX_IDLE = 300.0
-"""Seconds an idle connection (other than the most recently used) is kept open."""
-MAX_LIFETIME = 3600.0
-"""Seconds after which a connection is closed when it comes back, and a new one opened."""
-CLOSE_TIMEOUT = 5.0
-"""Seconds a graceful close may take before the connection is dropped."""
 _PLAIN = frozenset(
     {
         "copy_from_query",
@@ -62,7 +43,7 @@ callback bound to the connection, which no SQL reset removes: the connection is 
 after the tick instead of reused, and what the handler kept fails with it."""
 
 
-class ConnectionLease(_Base):
+class ConnectionLease:
     """A tick's connection as its handler sees it (``ctx.conn``).
 
     Every attribute is the connection's until the tick ends; after that any use raises
@@ -176,84 +157,8 @@ class Savepoint:
         # cancelled (a timeout, shutdown): the whole tick rolls back; nothing to send
 
 
-class ConnectionPool:
-    """Up to ``max_size`` connections to ``dsn``, opened on demand and reused."""
-
-    def __init__(self, dsn: str | None, max_size: int) -> None:
-        self._dsn = dsn
-        self._slots = anyio.Semaphore(max_size)
-        self._idle: list[tuple[asyncpg.Connection[Any], float]] = []  # (conn, idle since)
-        self._opened: dict[asyncpg.Connection[Any], float] = {}  # conn: when it was opened
-        self._closing: set[asyncio.Task[None]] = set()
-        self._closed = False
-        self._unnamed: bool | None = None  # unnamed statements (behind a pooler); None: unknown
-
-    async def acquire(self) -> asyncpg.Connection[Any]:
-        """An idle connection, or a new one; waits while ``max_size`` are in use."""
-        if self._closed:
-            raise RuntimeError("the pool is closed")
-        try:
-            self._slots.acquire_nowait()
-        except anyio.WouldBlock:
-            await self._slots.acquire()
-        try:
-            while self._idle:
-                con = self._idle.pop()[0]
-                if not con.is_closed():
-                    return con
-                self._opened.pop(con, None)  # closed while idle (a server restart, say)
-            con, self._unnamed = await connect(self._dsn, self._unnamed)
-            self._opened[con] = time.monotonic()
-            return con
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def release(self, con: asyncpg.Connection[Any], clean: bool) -> None:
-        """Give ``con`` back. ``clean``: no transaction is open and the session was reset;
-        otherwise the connection is dropped (closed, if the pool is closed)."""
-        self._slots.release()
-        if not clean or con.is_closed():
-            self._opened.pop(con, None)
-            con.terminate()
-            return
-        now = time.monotonic()
-        if self._closed or now - self._opened.get(con, now) > MAX_LIFETIME:
-            self._retire(con)
-            return
-        idle = self._idle
-        while idle and now - idle[0][1] > MAX_IDLE:  # the oldest idle at the bottom
-            self._retire(idle.pop(0)[0])
-        idle.append((con, now))
-
-    def _retire(self, con: asyncpg.Connection[Any]) -> None:
-        """Close ``con`` gracefully, in the background."""
-        self._opened.pop(con, None)
-        task = asyncio.get_running_loop().create_task(_close(con))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def close(self) -> None:
-        """Close the idle connections gracefully (within :data:`CLOSE_TIMEOUT`); those in use
-        are closed when they come back."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for con, _ in idle:
-            self._retire(con)
-        if self._closing:
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait(set(self._closing))
-
-
-async def _close(con: asyncpg.Connection[Any]) -> None:
-    try:
-        await con.close(timeout=CLOSE_TIMEOUT)
-    except Exception:  # broken already, or too slow: drop it
-        con.terminate()
-
-
 async def connect(
-    dsn: str | None, unnamed: bool | None = None
+    dsn: str | None, unnamed: bool | None = None, **options: Any
 ) -> tuple[asyncpg.Connection[Any], bool]:
     """Connect to ``dsn``; return the connection and whether it uses unnamed statements.
 
@@ -263,16 +168,39 @@ async def connect(
     ``pg_backend_pid()`` on the server does not match: then the connection is made again with
     asyncpg's statement cache off (each statement is prepared unnamed, one more round trip).
     ``unnamed``: the answer from an earlier connection to the same DSN (``None``: find out).
+    ``options`` go to ``asyncpg.connect``.
     """
     import asyncpg
 
     if unnamed is None:
-        con = await asyncpg.connect(dsn)
+        con = await asyncpg.connect(dsn, **options)
         # a simple query (no statement to prepare): "SELECT 1" when the pids match
         status = await con.execute(f"SELECT 1 WHERE pg_backend_pid() = {con.get_server_pid()}")
         if status == "SELECT 1":
             return con, False
         con.terminate()
     elif not unnamed:
-        return await asyncpg.connect(dsn), False
-    return await asyncpg.connect(dsn, statement_cache_size=0), True
+        return await asyncpg.connect(dsn, **options), False
+    return await asyncpg.connect(dsn, statement_cache_size=0, **options), True
+
+
+async def create_pool(dsn: str | None) -> asyncpg.Pool[Any]:
+    """asyncpg's pool for ``Scheduler(dsn)``: no connection until one is needed (the database
+    may be down at start), pooler detection on the first, and no reset of its own."""
+    import asyncpg
+
+    unnamed: bool | None = None
+
+    async def connect_one(*args: Any, **options: Any) -> asyncpg.Connection[Any]:
+        nonlocal unnamed
+        con, unnamed = await connect(dsn, unnamed, **options)
+        return con
+
+    return await asyncpg.create_pool(
+        dsn, min_size=0, max_size=MAX_SIZE, connect=connect_one, reset=_reset_by_the_tick
+    )
+
+
+async def _reset_by_the_tick(con: asyncpg.Connection[Any]) -> None:
+    """Nothing: a tick resets the session with its COMMIT or ROLLBACK, and ticklock's own
+    statements outside a tick leave no session state."""

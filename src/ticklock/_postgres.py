@@ -43,7 +43,7 @@ from ._coordination import FUTURE_LIMIT, FleetState
 from ._errors import StartupError
 from ._job import Job, Outcome, RunResult
 from ._lock_key import lock_key
-from ._pgpool import ConnectionLease, ConnectionPool
+from ._pgpool import ConnectionLease, create_pool
 from ._plan import overdue_at
 from ._schema import migrate, quote
 
@@ -236,10 +236,9 @@ class PostgresCoordinator:
         require_database: bool = False,
     ) -> None:
         self._dsn = dsn
-        self.given_pool = pool
-        """A pool the user passed (ticks use it; it is never closed here)."""
-        self.own_pool: ConnectionPool | None = None
-        """The pool ticklock opened from ``dsn``, while the coordinator is open."""
+        self._given = pool is not None  # a pool the user passed is never closed here
+        self.pool: asyncpg.Pool[Any] | None = pool
+        """The pool ticks use: the user's, or the one ticklock creates from ``dsn``."""
         self.namespace = namespace
         self.schema = schema
         self._clock = clock
@@ -325,8 +324,8 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         # clock directly instead of looking the backend up for every scope
         self._scope_class = type(anyio.CancelScope())
         self._loop_time = asyncio.get_running_loop().time
-        if self.given_pool is None:
-            self.own_pool = ConnectionPool(self._dsn, max_size=10)
+        if self.pool is None:
+            self.pool = await create_pool(self._dsn)
         try:
             await self._prepare()
         except Exception as exc:
@@ -404,28 +403,15 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
         """A connection for ticklock's own statements outside a tick (no session state)."""
-        if self.own_pool is None:
-            assert self.given_pool is not None, "the coordinator is not open"
-            async with self.given_pool.acquire() as proxy:
-                yield cast("asyncpg.Connection[Any]", proxy)
-            return
-        pool = self.own_pool
-        con = await pool.acquire()
-        clean = False
-        try:
-            yield con
-            clean = True
-        finally:
-            pool.release(con, clean)
+        assert self.pool is not None, "the coordinator is not open"
+        async with self.pool.acquire() as proxy:
+            yield cast("asyncpg.Connection[Any]", proxy)
 
     async def release(self, con: asyncpg.Connection[Any]) -> None:
-        """Give a tick's connection back to its pool (closed, if it was terminated)."""
-        if self.own_pool is not None:
-            self.own_pool.release(con, clean=True)
-            return
-        assert self.given_pool is not None
-        with self.shielded():  # asyncpg's pool replaces a closed connection
-            await self.given_pool.release(cast("PoolConnectionProxy[Any]", con))
+        """Give a tick's connection back to the pool (which replaces it if it was closed)."""
+        assert self.pool is not None
+        with self.shielded():
+            await self.pool.release(cast("PoolConnectionProxy[Any]", con))
 
     async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
         before = self._clock.now()
@@ -444,9 +430,11 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
 
     async def close(self) -> None:
         """Close the pool if ticklock created it (a pool the user passed stays open)."""
-        pool, self.own_pool = self.own_pool, None
-        if pool is not None:
-            await pool.close()
+        if self.pool is not None and not self._given:
+            pool, self.pool = self.pool, None
+            with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
+                await pool.close()
+            pool.terminate()  # what did not close in time
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """Register the jobs (a row each, if new), read the namespace's fleet state, and move
@@ -518,11 +506,8 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         if not self.ready:
             raise DatabaseUnavailable(f"the database has not answered yet ({self._cause})")
         try:
-            if self.own_pool is not None:
-                conn = await self.own_pool.acquire()
-            else:
-                assert self.given_pool is not None, "the coordinator is not open"
-                conn = cast("asyncpg.Connection[Any]", await self.given_pool.acquire())
+            assert self.pool is not None, "the coordinator is not open"
+            conn = cast("asyncpg.Connection[Any]", await self.pool.acquire())
         except Exception as exc:
             if self.classify(exc):
                 self._down(exc)
