@@ -1,4 +1,5 @@
-"""``ticklock.testing.run_job``: one handler, once, with a real context and no scheduler.
+"""``ticklock.testing``: ``run_job`` (one handler, once, with a real context and no scheduler)
+and ``ManualClock``'s cost in real time.
 
 Local mode runs on asyncio and trio; with a connection (asyncio, as asyncpg), against a real
 PostgreSQL: the transaction is rolled back unless ``commit=True``, and always on an error.
@@ -7,14 +8,15 @@ PostgreSQL: the transaction is rolled back unless ``commit=True``, and always on
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
 import pytest
 
-from ticklock import JobContext, ScheduleError, SchedulerStateError
-from ticklock.testing import run_job
+from ticklock import JobContext, ScheduleError, Scheduler, SchedulerStateError, every
+from ticklock.testing import ManualClock, run_job
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +63,7 @@ async def test_the_defaults_slot_now_first_attempt_no_watermark() -> None:
     async def handler(ctx: JobContext) -> None:
         seen.append(ctx)
 
-    assert await run_job(handler) is None
+    await run_job(handler)
     (ctx,) = seen
     assert (ctx.job_id, ctx.slot, ctx.previous_success, ctx.attempt, ctx.namespace) == (
         "test",
@@ -242,3 +244,25 @@ async def test_from_a_dsn_it_connects_and_closes(pg_dsn: str, pg_conn: Any, tabl
     assert await count(pg_conn, table) == 1
     alive = await pg_conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
     assert alive == 0
+
+
+# -- ManualClock ----------------------------------------------------------------------------
+
+
+async def test_a_virtual_day_of_minutely_runs_takes_no_real_time() -> None:
+    """Settling after each deadline must not sleep: anyio's asyncio wait_all_tasks_blocked()
+    naps 0.1 s a try, which would make this take 144 s instead of well under a second."""
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, shutdown_grace=1)
+    slots: list[datetime] = []
+
+    @scheduler.job(every(60), id="minutely")
+    async def minutely(ctx: JobContext) -> None:
+        slots.append(ctx.slot)
+
+    started = time.perf_counter()
+    async with scheduler:
+        await clock.advance(timedelta(days=1))
+    assert time.perf_counter() - started < 10
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert slots == [start + timedelta(minutes=m) for m in range(24 * 60 + 1)]

@@ -102,7 +102,14 @@ class ManualClock:
 
 
 async def _settle() -> None:
-    """Return once every other task is blocked (anyio's asyncio version naps 0.1 s per try)."""
+    """Return once every other task is blocked.
+
+    On trio, ``anyio.wait_all_tasks_blocked()`` (trio's own) is exact. On asyncio it checks the
+    same thing as below (each task's ``_fut_waiter``, which asyncio has no public API for) but
+    sleeps 0.1 s of real time before each new look: one settle per deadline made a virtual day
+    of minutely runs take over two minutes instead of a fraction of a second. So asyncio gets
+    this loop, which yields with ``sleep(0)`` and also waits for queued loop callbacks.
+    """
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # not asyncio: trio's own wait_all_tasks_blocked is exact
