@@ -158,4 +158,4 @@ async def test_a_tick_while_the_database_is_down_is_an_error_not_a_crash() -> No
         result = await scheduler.run_now("later")
     assert result.outcome is Outcome.ERROR
     assert result.error is not None
-    assert result.error.startswith("DatabaseUnavailable: the database has not answered yet")
+    assert result.error.startswith("DatabaseUnavailable: the database is not available")

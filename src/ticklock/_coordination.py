@@ -6,6 +6,7 @@ process (local mode). ``ticklock._postgres.PostgresCoordinator`` keeps it in Pos
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,12 +32,14 @@ class FleetState:
     """When the last run that executed (any outcome) ended: fixed delay counts from here."""
     last_success_at: datetime | None = None
     consecutive_failures: int = 0
+    failed_slot: datetime | None = None
+    """The slot of the last run that executed and did not commit (``None`` once one commits)."""
+    failed_attempts: int = 0
+    """How many attempts of ``failed_slot`` did not commit: retries go by it."""
 
     def copy(self) -> FleetState:
         """A copy of this state."""
-        return FleetState(
-            self.last_slot, self.last_end, self.last_success_at, self.consecutive_failures
-        )
+        return dataclasses.replace(self)
 
     def committed(self, result: RunResult) -> None:
         """Fold a successful run into the state."""
@@ -44,6 +47,7 @@ class FleetState:
         self.last_end = result.finished_at
         self.last_success_at = result.finished_at
         self.consecutive_failures = 0
+        self.failed_slot, self.failed_attempts = None, 0
 
     def failed(self, result: RunResult) -> None:
         """Fold a run that executed and did not commit into the state."""
@@ -51,6 +55,9 @@ class FleetState:
             self.last_end = result.finished_at
         if result.slot is None or self.last_slot is None or self.last_slot < result.slot:
             self.consecutive_failures += 1
+            same = self.failed_slot == result.slot
+            self.failed_slot = result.slot
+            self.failed_attempts = self.failed_attempts + 1 if same else 1
 
 
 class Attempt(Protocol):

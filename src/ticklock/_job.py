@@ -136,6 +136,8 @@ class Job:
     enabled: bool
     catch_up: bool
     overdue_grace: float
+    retries: int = 0
+    retry_backoff: float = 10.0
 
     @classmethod
     def declare(
@@ -148,6 +150,8 @@ class Job:
         enabled: bool = True,
         catch_up: bool = True,
         overdue_grace: Duration | None = None,
+        retries: int = 0,
+        retry_backoff: Duration = 10.0,
     ) -> Job:
         """Validate a declaration and build the job; raises :class:`ScheduleError`."""
         job_id = name(id if id is not None else _default_id(func), "id")
@@ -194,6 +198,20 @@ class Job:
                 raise ScheduleError(
                     f"{flag} must be True or False, got {value!r}", job_id=job_id, field=flag
                 )
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ScheduleError(
+                f"retries must be a whole number of retries, 0 or more, got {retries!r}",
+                job_id=job_id,
+                field="retries",
+            )
+        backoff = seconds(retry_backoff, "retry_backoff", job_id=job_id, allow_zero=False)
+        if retries and backoff >= period:
+            raise ScheduleError(
+                f"retry_backoff ({backoff:g} s) must be shorter than the period ({period:g} s): "
+                "a retry never runs past the next slot, so none would ever run",
+                job_id=job_id,
+                field="retry_backoff",
+            )
         return cls(
             id=job_id,
             func=func,
@@ -202,6 +220,8 @@ class Job:
             enabled=enabled,
             catch_up=catch_up,
             overdue_grace=grace,
+            retries=retries,
+            retry_backoff=backoff,
         )
 
 

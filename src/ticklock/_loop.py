@@ -35,6 +35,7 @@ import anyio
 from ._clock import Clock
 from ._coordination import FleetState
 from ._job import Job
+from ._plan import Plan
 from ._triggers import Cron
 
 WALL_WATCH = 5.0
@@ -96,6 +97,7 @@ class Entry:
     """The runtime state of one scheduled job."""
 
     __slots__ = (
+        "attempt",
         "deadline",
         "fire_at",
         "generation",
@@ -115,6 +117,7 @@ class Entry:
         self.job = job
         self.is_cron = isinstance(job.trigger, Cron)
         self.slot: datetime | None = None
+        self.attempt = 1  # of the slot: 2 and more for a retry
         self.fire_at: datetime | None = None
         self.jitter = 0.0
         self.deadline = math.inf
@@ -159,20 +162,19 @@ class Dispatcher:
         self._cron = 0  # cron entries in the heap: the wall clock is watched while any is
         self._blocks = 0  # handler steps reported by blocked()
 
-    def schedule(
-        self, entry: Entry, slot: datetime | None, *, retry_after: float | None = None
-    ) -> None:
-        """Plan ``entry`` for ``slot`` (plus fresh jitter), or re-align after ``retry_after`` s."""
+    def schedule(self, entry: Entry, plan: Plan) -> None:
+        """Wait for what ``plan`` says: its slot (plus fresh jitter), or its delay."""
         self.forget(entry)
         clock = self._clock
+        slot, entry.attempt = plan.slot, plan.attempt
         # The wall clock first: the time between the two reads then makes the deadline late,
         # never early (a fixed delay must be at least the interval).
         now = clock.now() if slot is not None else None
         now_m = clock.monotonic()
-        if retry_after is not None:
-            entry.slot = entry.fire_at = None
+        if plan.delay is not None:  # a retry of the slot, or a re-alignment (no slot)
+            entry.slot = entry.fire_at = slot
             entry.jitter = 0.0
-            entry.deadline = now_m + retry_after
+            entry.deadline = now_m + plan.delay
         elif slot is None:  # the schedule is over
             entry.slot = entry.fire_at = None
             return

@@ -1,13 +1,62 @@
-"""Which slot a job runs next, from the fleet's state: pure functions, same on every replica."""
+"""What a job does next, from the fleet's state: pure functions, the same on every replica.
+
+:func:`plan` is the one decision: at start, after each tick attempt, or when re-aligning to
+the fleet, it says which slot to wait for, or to re-align or retry after a delay, or that the
+schedule is over. The others are its parts, and the overdue instant of the absence alarm.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ._coordination import FleetState
-from ._job import Job
+from ._job import Job, Outcome, RunResult
 from ._triggers import Cron, Every, Trigger
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a job waits for next.
+
+    ``slot`` and no ``delay``: run that slot at its instant (plus jitter). ``slot`` and a
+    ``delay``: run that slot again after ``delay`` seconds, as attempt ``attempt`` (a retry).
+    No slot and a ``delay``: read the fleet's state again after ``delay`` seconds (the lock
+    was held elsewhere). Neither: the schedule is over.
+    """
+
+    slot: datetime | None
+    delay: float | None = None
+    attempt: int = 1
+
+
+def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = None) -> Plan:
+    """What ``job`` does next, given the fleet's ``state`` (with ``result`` folded in) and the
+    ``result`` of the attempt that just ended (``None``: at start, or when re-aligning)."""
+    if result is not None and result.outcome is Outcome.LOCKED:
+        return Plan(None, job.trigger.period)  # running elsewhere: look again a period later
+    retry = _retry(job, state, now)
+    if retry is not None:
+        return retry
+    if result is None or result.outcome is Outcome.SKIPPED:
+        return Plan(first(job, state, now))
+    return Plan(after(job.trigger, result.finished_at))
+
+
+def _retry(job: Job, state: FleetState, now: datetime) -> Plan | None:
+    """The retry of the fleet's last failed slot, if it has attempts left and fits before the
+    next slot (which then covers it, through ``previous_success``)."""
+    failed, done = state.failed_slot, state.failed_attempts
+    if failed is None or done > job.retries or state.last_end is None:
+        return None
+    if state.last_slot is not None and state.last_slot >= failed:
+        return None
+    at = state.last_end + timedelta(seconds=job.retry_backoff * 2 ** (done - 1))
+    following = after(job.trigger, state.last_end)
+    if following is not None and max(at, now) >= following:
+        return None
+    return Plan(failed, max(0.0, (at - now).total_seconds()), done + 1)
 
 
 def after(trigger: Trigger, end: datetime) -> datetime | None:
@@ -60,8 +109,12 @@ def latest(trigger: Cron, due: datetime, now: datetime) -> datetime:
     return candidate
 
 
-def stale(job: Job, state: FleetState, slot: datetime) -> bool:
-    """Whether the fleet has moved past ``slot``: committed it, or ran since it was planned."""
+def stale(job: Job, state: FleetState, slot: datetime, attempt: int = 1) -> bool:
+    """Whether the fleet has moved past ``slot``: committed it, or ran since it was planned
+    (for a retry: ran any attempt of it but the one before, or a later slot)."""
+    if attempt > 1:
+        committed = state.last_slot is not None and state.last_slot >= slot
+        return committed or state.failed_slot != slot or state.failed_attempts != attempt - 1
     if state.last_end is None:
         return False
     due = after(job.trigger, state.last_end)

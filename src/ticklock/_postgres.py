@@ -74,6 +74,7 @@ RESET = (
 LEFTOVERS = "; SELECT 1 WHERE EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
 """After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
 _TRANSIENT_CODES = frozenset({"53300", "25006"})  # too many connections; a read-only standby
+_MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
 
 
 class SlotAlreadyCommitted(RuntimeError):
@@ -248,6 +249,8 @@ class PostgresCoordinator:
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
         self._cause = ""
+        self._retry_at = 0.0  # when a tick may try to migrate again (while not ready)
+        self._retry_delay = RETRY_FIRST
         self._transaction_timeout = False
         self._begin: dict[tuple[str, float], str] = {}  # (job id, budget): the tick's BEGIN
         self._scope_class = anyio.CancelScope
@@ -255,7 +258,8 @@ class PostgresCoordinator:
         s = quote(schema)
         self.sql_state = (
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
-            f"coalesce(j.consecutive_failures, 0) FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
+            "coalesce(j.consecutive_failures, 0), j.failed_slot, coalesce(j.failed_attempts, 0) "
+            f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
         self.sql_register = (
@@ -270,8 +274,8 @@ class PostgresCoordinator:
             "AND j.overdue_at IS DISTINCT FROM v.due"
         )
         self.sql_load = (
-            "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, consecutive_failures "
-            f"FROM {s}.jobs WHERE namespace = $1"
+            "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, "
+            f"consecutive_failures, failed_slot, failed_attempts FROM {s}.jobs WHERE namespace = $1"
         )
         within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
         self.sql_commit = f"""
@@ -293,6 +297,7 @@ WITH guard AS (
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
         last_success_at = EXCLUDED.last_success_at,
         last_outcome = 'success', consecutive_failures = 0,
+        failed_slot = NULL, failed_attempts = 0,
         overdue_at = EXCLUDED.overdue_at, updated_at = now()
     WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot
     RETURNING 1
@@ -306,12 +311,14 @@ SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard
         self.sql_failure = f"""
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
-                               consecutive_failures, updated_at)
-    VALUES ($1, $2, {end}, $6, 1, now())
+                               consecutive_failures, failed_slot, failed_attempts, updated_at)
+    VALUES ($1, $2, {end}, $6, 1, $3, 1, now())
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
         last_outcome = EXCLUDED.last_outcome,
-        consecutive_failures = j.consecutive_failures + 1, updated_at = now()
+        consecutive_failures = j.consecutive_failures + 1,
+        failed_attempts = CASE WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
+        failed_slot = $3, updated_at = now()
     WHERE j.last_slot IS NULL OR j.last_slot < $3
 )
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error)
@@ -346,6 +353,20 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
             except Exception as exc:
                 self._down(exc)
                 delay = min(delay * 2, RETRY_MAX)
+
+    async def _reconnect(self) -> None:
+        """From a tick while not :attr:`ready`: migrate again once the backoff allows."""
+        now = time.monotonic()
+        if now >= self._retry_at:
+            try:
+                await self._prepare()
+                self._retry_delay = RETRY_FIRST
+                return
+            except Exception as exc:
+                self._down(exc)
+                self._retry_at = now + self._retry_delay * self._random.uniform(0.5, 1.0)
+                self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
+        raise DatabaseUnavailable(f"the database is not available ({self._cause})")
 
     async def _prepare(self) -> None:
         async with self._connection() as conn:
@@ -504,7 +525,7 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
     async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
         if not self.ready:
-            raise DatabaseUnavailable(f"the database has not answered yet ({self._cause})")
+            await self._reconnect()
         try:
             assert self.pool is not None, "the coordinator is not open"
             conn = cast("asyncpg.Connection[Any]", await self.pool.acquire())
@@ -528,6 +549,8 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
         except BaseException as exc:
             if isinstance(exc, Exception) and self.classify(exc):
                 self._down(exc)
+            if isinstance(exc, Exception) and getattr(exc, "sqlstate", None) in _MISSING:
+                self.ready = False  # a database restored without ticklock's tables: migrate
             await attempt.close()
             raise
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from . import _plan
 from ._clock import Clock, SystemClock
 from ._coordination import FUTURE_LIMIT, Coordinator, FleetState, LocalCoordinator
 from ._durations import Duration, identifier, name, seconds
@@ -23,6 +22,7 @@ from ._durations import dsn as valid_dsn
 from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
 from ._loop import Dispatcher, Entry
+from ._plan import Plan, overdue_at, plan
 from ._runs import Runs
 from ._telemetry import Telemetry, logger
 from ._tick import Runner
@@ -136,6 +136,8 @@ class Scheduler:
         enabled: bool = True,
         catch_up: bool = True,
         overdue_grace: Duration | None = None,
+        retries: int = 0,
+        retry_backoff: Duration = 10.0,
     ) -> Callable[[F], F]:
         """Declare the decorated ``async def handler(ctx)`` as a job; see :meth:`add`."""
 
@@ -148,6 +150,8 @@ class Scheduler:
                 enabled=enabled,
                 catch_up=catch_up,
                 overdue_grace=overdue_grace,
+                retries=retries,
+                retry_backoff=retry_backoff,
             )
             return func
 
@@ -163,6 +167,8 @@ class Scheduler:
         enabled: bool = True,
         catch_up: bool = True,
         overdue_grace: Duration | None = None,
+        retries: int = 0,
+        retry_backoff: Duration = 10.0,
     ) -> Job:
         """Declare ``func`` as a job and return it; while running it is scheduled at once.
 
@@ -177,6 +183,8 @@ class Scheduler:
             enabled=enabled,
             catch_up=catch_up,
             overdue_grace=overdue_grace,
+            retries=retries,
+            retry_backoff=retry_backoff,
         )
         if job.id in self._entries:
             raise ScheduleError(
@@ -321,9 +329,7 @@ class Scheduler:
         for entry in self._entries.values():
             entry.state = states.get(entry.job.id)
             if entry.job.enabled and not entry.running:
-                self._dispatcher.schedule(
-                    entry, _plan.first(entry.job, entry.state or _NO_STATE, now)
-                )
+                self._dispatcher.schedule(entry, plan(entry.job, entry.state or _NO_STATE, now))
 
     async def _drain(self) -> None:
         self._status = "stopping"
@@ -351,7 +357,7 @@ class Scheduler:
         job = entry.job
         if not job.enabled:
             return
-        self._dispatcher.schedule(entry, _plan.first(job, entry.state or _NO_STATE, now))
+        self._dispatcher.schedule(entry, plan(job, entry.state or _NO_STATE, now))
 
     def _spawn(self, entry: Entry) -> None:
         assert self._runs is not None
@@ -361,11 +367,13 @@ class Scheduler:
         job = entry.job
         assert self._runner is not None
         try:
-            result, state = await self._runner.execute(job, entry.slot, entry.fire_at, entry.jitter)
+            result, state = await self._runner.execute(
+                job, entry.slot, entry.fire_at, entry.jitter, attempt=entry.attempt
+            )
         except Exception:  # a bug in ticklock itself must not stop the job
             logger.exception("internal error in a tick of %s", job.id)
             if not entry.removed and self._status == "running":
-                self._dispatcher.schedule(entry, None, retry_after=job.trigger.period)
+                self._dispatcher.schedule(entry, Plan(None, job.trigger.period))
             return
         finally:
             entry.running = False
@@ -380,16 +388,11 @@ class Scheduler:
             entry.held_at = result.finished_at
 
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
-        job = entry.job
         self._observe(entry, result, state)
         if entry.removed or self._status != "running":
             return
-        if result.outcome is Outcome.LOCKED:
-            self._dispatcher.schedule(entry, None, retry_after=job.trigger.period)
-        elif result.outcome is Outcome.SKIPPED and state is not None:
-            self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
-        else:
-            self._dispatcher.schedule(entry, _plan.after(job.trigger, result.finished_at))
+        now = self._clock.now()
+        self._dispatcher.schedule(entry, plan(entry.job, entry.state or _NO_STATE, now, result))
 
     # -- operations ----------------------------------------------------------------------
 
@@ -411,7 +414,7 @@ class Scheduler:
         result, state = await self._runner.execute(job, None, manual=True)
         self._observe(entry, result, state)
         if state is not None and job.enabled and not entry.running and not entry.removed:
-            self._dispatcher.schedule(entry, _plan.first(job, state, self._clock.now()))
+            self._dispatcher.schedule(entry, plan(job, state, self._clock.now()))
         return result
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
@@ -435,7 +438,7 @@ class Scheduler:
             # judged whether or not the scheduler still runs: one that stopped while the
             # process lives on runs nothing, and must not keep saying every job is fine
             if job.enabled and base is not None:
-                limit = _plan.overdue_at(job, base)
+                limit = overdue_at(job, base)
                 overdue = limit is not None and now > limit
             if job.enabled and _future(state, clock_now):
                 # stored by a replica whose clock ran ahead: no replica runs the job until

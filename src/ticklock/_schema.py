@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from ._job import JobContext
 
-VERSION = 1
+VERSION = 2
 _MIGRATION_LOCK = "ticklock.migrate"
 
 
@@ -25,7 +25,7 @@ def quote(schema: str) -> str:
 
 
 def migration(schema: str) -> str:
-    """The DDL that creates (or leaves as they are) ticklock's tables in ``schema``."""
+    """The DDL that creates ticklock's tables in ``schema``, at the current version."""
     s = quote(schema)
     return f"""
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -37,6 +37,8 @@ CREATE TABLE IF NOT EXISTS {s}.jobs (
     last_success_at timestamptz,
     last_outcome text,
     consecutive_failures integer NOT NULL DEFAULT 0,
+    failed_slot timestamptz,
+    failed_attempts integer NOT NULL DEFAULT 0,
     overdue_at timestamptz,
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (namespace, job_id)
@@ -61,15 +63,37 @@ INSERT INTO {s}.schema_version (version)
 """
 
 
-async def migrate(conn: asyncpg.Connection[Any], schema: str) -> None:
-    """Create ticklock's tables; idempotent, and safe when replicas start at once.
+def upgrades(schema: str) -> dict[int, str]:
+    """The DDL that brings tables of each earlier version to the next one."""
+    s = quote(schema)
+    return {
+        1: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS failed_slot timestamptz, "
+        "ADD COLUMN IF NOT EXISTS failed_attempts integer NOT NULL DEFAULT 0",
+    }
 
-    A transaction-level advisory lock serialises concurrent migrations (``CREATE ... IF NOT
-    EXISTS`` alone races on the catalog).
+
+async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
+    """Create or upgrade ticklock's tables; returns ``"created"``, ``"upgraded"`` or
+    ``"current"``. Idempotent, and safe when replicas start at once.
+
+    Tables already at the current version are not touched: DDL on them would take locks
+    that wait behind ticks in flight and hold up every other tick meanwhile. A
+    transaction-level advisory lock serialises concurrent migrations.
     """
+    s = quote(schema)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
-        await conn.execute(migration(schema))
+        if await conn.fetchval("SELECT to_regclass($1) IS NULL", f"{s}.schema_version"):
+            await conn.execute(migration(schema))
+            return "created"
+        version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
+        if version >= VERSION:
+            return "current"
+        steps = upgrades(schema)
+        for step in range(version, VERSION):
+            await conn.execute(steps[step])
+        await conn.execute(f"UPDATE {s}.schema_version SET version = $1", VERSION)
+        return "upgraded"
 
 
 class Retention:

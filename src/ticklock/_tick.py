@@ -99,21 +99,24 @@ class Runner:
         jitter: float = 0.0,
         *,
         manual: bool = False,
+        attempt: int = 1,
     ) -> tuple[RunResult, FleetState | None]:
-        """Run one tick of ``job`` for ``slot`` (``None``: the slot the fleet's state gives).
+        """Run one tick of ``job`` for ``slot`` (``None``: the slot the fleet's state gives),
+        as its ``attempt``-th attempt; the state is the fleet's as read under the lock (``None``
+        when the lock was not taken).
 
         ``manual`` runs now (slot = now) whatever the schedule says, under the same lock,
         watermark and recording.
         """
         if not self.telemetry.tracing():  # no SDK: no span to start
-            return await self._execute(job, slot, fire_at, jitter, manual, INVALID_SPAN)
+            return await self._execute(job, slot, fire_at, jitter, manual, attempt, INVALID_SPAN)
         with self.telemetry.tracer.start_as_current_span(
             f"ticklock.run {job.id}",
             attributes={JOB_ID: job.id},
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            return await self._execute(job, slot, fire_at, jitter, manual, span)
+            return await self._execute(job, slot, fire_at, jitter, manual, attempt, span)
 
     async def _execute(
         self,
@@ -122,6 +125,7 @@ class Runner:
         fire_at: datetime | None,
         jitter: float,
         manual: bool,
+        number: int,
         span: Span,
     ) -> tuple[RunResult, FleetState | None]:
         clock = self.clock
@@ -133,7 +137,7 @@ class Runner:
         try:
             with self.dispatcher.bound(deadline) as scope:
                 attempt = await self.coordinator.attempt(job.id, job.timeout)
-                await self._hold(job, attempt, run, started, manual)
+                await self._hold(job, attempt, run, started, manual, number)
             overran = scope.cancel_called or clock.monotonic() >= deadline
             if overran and run.outcome in (None, Outcome.SUCCESS):
                 error = f"timed out after {job.timeout:g} s"
@@ -162,6 +166,7 @@ class Runner:
         run: _Run,
         started: datetime,
         manual: bool,
+        number: int,
     ) -> None:
         if not attempt.acquired:
             run.outcome = Outcome.LOCKED
@@ -173,7 +178,7 @@ class Runner:
                 if run.slot is None or run.slot > started:
                     run.outcome = Outcome.SKIPPED
                     return
-            elif _plan.stale(job, state, run.slot):
+            elif _plan.stale(job, state, run.slot, number):
                 run.outcome = Outcome.SKIPPED
                 return
         assert run.slot is not None
@@ -186,6 +191,7 @@ class Runner:
             owner=self.owner,
             conn=attempt.conn,
             namespace=self.namespace,
+            attempt=number if not manual else 1,
         )
         run.executed = True
         try:

@@ -1,0 +1,262 @@
+"""The planner and retries: every "what next" decision, table-tested without a clock or a loop,
+then retries end to end on ManualClock and against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import at, run_log
+from ticklock import (
+    JobContext,
+    Outcome,
+    RunResult,
+    ScheduleError,
+    Scheduler,
+    cron,
+    every,
+)
+from ticklock._coordination import FleetState
+from ticklock._job import Job
+from ticklock._plan import Plan, plan
+from ticklock.testing import ManualClock
+
+T0 = at("2030-01-01T00:00:00Z")
+
+
+async def handler(ctx: JobContext) -> None:
+    pass
+
+
+def job(trigger: Any = None, **options: Any) -> Job:
+    return Job.declare(handler, trigger or every(60), id="j", timeout=5, **options)
+
+
+def s(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def ended(outcome: Outcome, slot: float, end: float) -> RunResult:
+    return RunResult("j", outcome, s(slot), s(end - 1), s(end), "me")
+
+
+def failed(slot: float, end: float, attempts: int, last_slot: float | None = None) -> FleetState:
+    return FleetState(
+        last_slot=None if last_slot is None else s(last_slot),
+        last_end=s(end),
+        consecutive_failures=attempts,
+        failed_slot=s(slot),
+        failed_attempts=attempts,
+    )
+
+
+CASES = [
+    # (id, job, state, now, result, plan)
+    ("never-ran-every", job(), FleetState(), s(0), None, Plan(s(0))),
+    ("never-ran-cron", job(cron("*/5 * * * *")), FleetState(), s(1), None, Plan(s(300))),
+    (
+        "success-fixed-delay",
+        job(),
+        FleetState(last_slot=s(0), last_end=s(3)),
+        s(3),
+        ended(Outcome.SUCCESS, 0, 3),
+        Plan(s(63)),
+    ),
+    (
+        "locked-looks-again-a-period-later",
+        job(),
+        FleetState(),
+        s(0),
+        ended(Outcome.LOCKED, 0, 0),
+        Plan(None, 60.0),
+    ),  # fmt: skip
+    (
+        "skipped-realigns-to-the-fleet",
+        job(),
+        FleetState(last_slot=s(0), last_end=s(10)),
+        s(11),
+        ended(Outcome.SKIPPED, 0, 11),
+        Plan(s(70)),
+    ),
+    (
+        "failure-without-retries-waits-for-the-next-slot",
+        job(),
+        failed(0, 3, 1),
+        s(3),
+        ended(Outcome.FAILURE, 0, 3),
+        Plan(s(63)),
+    ),
+    (
+        "first-retry-after-the-backoff",
+        job(retries=2, retry_backoff=10),
+        failed(0, 3, 1),
+        s(3),
+        ended(Outcome.FAILURE, 0, 3),
+        Plan(s(0), 10.0, 2),
+    ),
+    (
+        "second-retry-doubles",
+        job(retries=2, retry_backoff=10),
+        failed(0, 14, 2),
+        s(14),
+        ended(Outcome.TIMEOUT, 0, 14),
+        Plan(s(0), 20.0, 3),
+    ),
+    (
+        "no-retry-left",
+        job(retries=2, retry_backoff=10),
+        failed(0, 35, 3),
+        s(35),
+        ended(Outcome.ERROR, 0, 35),
+        Plan(s(95)),
+    ),
+    (
+        "never-past-the-next-slot",
+        job(retries=5, retry_backoff=25),
+        failed(0, 40, 3),  # the next retry would be at 40 + 100 = 140, after the slot at 100
+        s(40),
+        ended(Outcome.FAILURE, 0, 40),
+        Plan(s(100)),
+    ),
+    (
+        "a-follower-takes-the-fleets-retry",
+        job(retries=1, retry_backoff=10),
+        failed(0, 3, 1),
+        s(4),
+        ended(Outcome.SKIPPED, 0, 4),
+        Plan(s(0), 9.0, 2),
+    ),
+    (
+        "a-retry-that-is-due-runs-at-once",
+        job(retries=1, retry_backoff=10),
+        failed(0, 3, 1),
+        s(30),
+        None,
+        Plan(s(0), 0.0, 2),
+    ),
+    (
+        "at-start-the-next-slot-covers-an-old-failure",
+        job(retries=3, retry_backoff=10),
+        failed(0, 3, 1),
+        s(500),
+        None,
+        Plan(s(63)),  # catch-up: one run at once covers the window
+    ),
+    (
+        "a-committed-later-slot-ends-the-retries",
+        job(retries=3, retry_backoff=10),
+        failed(0, 3, 1, last_slot=60),
+        s(4),
+        None,
+        Plan(s(63)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("job_", "state", "now", "result", "expected"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_plan(
+    job_: Job, state: FleetState, now: datetime, result: RunResult | None, expected: Plan
+) -> None:
+    assert plan(job_, state, now, result) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"retries": -1},
+            r"^job 'j': retries must be a whole number of retries, 0 or more, got -1$",
+        ),
+        ({"retries": 1.5}, r"^job 'j': retries must be a whole number .* got 1\.5$"),
+        ({"retries": True}, r"^job 'j': retries must be a whole number .* got True$"),
+        ({"retries": 1, "retry_backoff": 0}, r"^job 'j': retry_backoff must be positive"),
+        (
+            {"retries": 1, "retry_backoff": 60},
+            r"^job 'j': retry_backoff \(60 s\) must be shorter than the period \(60 s\): a retry "
+            r"never runs past the next slot, so none would ever run$",
+        ),
+    ],
+)
+def test_nonsense_retries_are_refused_at_declaration(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        job(**options)
+
+
+@pytest.mark.anyio
+async def test_a_failed_slot_is_retried_with_backoff_then_the_next_slot_runs() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    seen: list[tuple[float, str, int]] = []
+
+    @scheduler.job(every(100), id="flaky", timeout=1, retries=2, retry_backoff=10)
+    async def flaky(ctx: JobContext) -> None:
+        seen.append((clock.monotonic(), ctx.slot.strftime("%M:%S"), ctx.attempt))
+        if len(seen) in (1, 2):  # the first two attempts of the first slot fail
+            raise RuntimeError("flaky")
+
+    with run_log() as log:
+        async with scheduler:
+            await clock.advance(150)
+    # slot 00:00: attempt 1 at 0, retries after 10 s and 20 s more; the third succeeds.
+    # The next slot is 100 s after the last run ended (fixed delay).
+    assert seen == [(0, "00:00", 1), (10, "00:00", 2), (30, "00:00", 3), (130, "02:10", 1)]
+    assert log.outcomes("flaky") == ["failure", "failure", "success", "success"]
+    (health,) = scheduler.health()
+    assert health.consecutive_failures == 0
+
+
+@pytest.mark.anyio
+async def test_retries_stop_at_the_limit_and_the_next_slot_covers_the_missed_one() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    seen: list[tuple[float, int, datetime | None]] = []
+
+    @scheduler.job(every(100), id="down", timeout=1, retries=1, retry_backoff=10)
+    async def down(ctx: JobContext) -> None:
+        seen.append((clock.monotonic(), ctx.attempt, ctx.previous_success))
+        if clock.monotonic() < 100:
+            raise RuntimeError("down")
+
+    async with scheduler:
+        await clock.advance(125)
+    assert seen == [(0, 1, None), (10, 2, None), (110, 1, None)]
+    (health,) = scheduler.health()
+    assert health.last_success is not None and health.consecutive_failures == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_any_replica_may_take_the_fleets_retry(pg_dsn: str, pg_schema: str) -> None:
+    # Replica a's attempt fails and a goes away; b, which knows the failure only from the
+    # fleet's state, runs the retry of the same slot as attempt 2.
+    clock = ManualClock(datetime.now(T0.tzinfo) - timedelta(seconds=30))
+    seen: list[tuple[str, datetime, int]] = []
+
+    async def work(ctx: JobContext) -> None:
+        seen.append((ctx.owner, ctx.slot, ctx.attempt))
+        if ctx.owner == "a":
+            raise RuntimeError("a fails")
+
+    def build(owner: str) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, owner=owner, clock=clock)
+        scheduler.add(work, every(100), id="work", timeout=1, retries=1, retry_backoff=10)
+        return scheduler
+
+    async with build("a") as a:
+        assert (await a.run_now("work")).outcome is Outcome.FAILURE  # and a goes away
+    async with build("b"):
+        for _ in range(100):  # b plans the retry from the fleet's state, 10 s after a's end
+            await clock.advance(1)
+            if len(seen) == 2:
+                break
+            await anyio.sleep(0.01)  # the database answers in real time
+    assert [(owner, attempt) for owner, _, attempt in seen] == [("a", 1), ("b", 2)]
+    assert seen[0][1] == seen[1][1]  # the same slot
