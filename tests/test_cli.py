@@ -11,11 +11,16 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
+import ticklock._cli
 from ticklock._cli import main
+from ticklock._demo import _Printer
 
 BAD_PORT = (
     r"bad port: it must be a number from 1 to 65535 \(write '/', '\?' and '#' in the "
@@ -184,3 +189,217 @@ def test_run_on_a_database_that_does_not_exist_is_one_line_and_exit_2(
     assert "Traceback" not in out.stderr
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and 'database "cli_no_such_db" does not exist' in lines[0], lines
+
+
+# -- what the commands print ------------------------------------------------------------------
+
+JOBS_MODULE = """
+from datetime import timedelta
+from ticklock import Scheduler, cron, every
+
+scheduler = Scheduler("postgresql://u@db/x")
+
+@scheduler.job(every(minutes=15, initial_delay=timedelta(seconds=90)), id="purge")
+async def purge(ctx): ...
+
+@scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), id="nightly")
+async def nightly(ctx): ...
+
+@scheduler.job(every(60), id="off", enabled=False)
+async def off(ctx): ...
+"""
+
+
+def test_jobs_prints_whole_seconds_and_the_first_fires_as_planned(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (app_dir / "cli_jobs.py").write_text(JOBS_MODULE)
+    now = datetime(2026, 3, 28, 12, 0, 7, 123456, tzinfo=timezone.utc)
+    monkeypatch.setattr(ticklock._cli, "datetime", _Frozen(now))
+    assert main(["jobs", "cli_jobs:scheduler", "--count", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ticklock.retention (built-in): every 1m (jitter 10s), timeout 30s",
+        "    2026-03-28T12:00:07+00:00  (if started now; then one interval after each run ends)",
+        "    2026-03-28T12:01:07+00:00",
+        "    2026-03-28T12:02:07+00:00",
+        "purge: every 15m, timeout 300s",
+        "    2026-03-28T12:01:37+00:00  (if started now; then one interval after each run ends)",
+        "    2026-03-28T12:16:37+00:00",
+        "    2026-03-28T12:31:37+00:00",
+        "nightly: cron '17 3 * * *' Europe/Berlin, timeout 300s",
+        "    2026-03-29T01:17:00+00:00  (2026-03-29T03:17:00+02:00 Europe/Berlin)",
+        "    2026-03-30T01:17:00+00:00  (2026-03-30T03:17:00+02:00 Europe/Berlin)",
+        "    2026-03-31T01:17:00+00:00  (2026-03-31T03:17:00+02:00 Europe/Berlin)",
+        "off: every 1m, timeout 30s  (disabled: never runs)",
+    ]
+
+
+def test_jobs_refuses_a_count_below_one(app_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobs", "cli_app:scheduler", "--count", "0"]) == 2
+    assert capsys.readouterr().err == "ticklock: --count must be at least 1, got 0\n"
+
+
+class _Frozen:
+    """Stands in for the ``datetime`` class in ``ticklock._cli``: ``now()`` is fixed."""
+
+    def __init__(self, now: datetime) -> None:
+        self._now = now
+
+    def now(self, tz: Any = None) -> datetime:
+        return self._now
+
+
+def test_the_demo_prints_slots_as_times_and_reports_as_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    printer = _Printer()
+    for slot, report, error in (
+        ("2026-11-29T02:54:00+00:00", {"jitter_ms": 211, "note": "x"}, None),
+        ("2026-11-29T02:54:01.250713+00:00", None, "RuntimeError: simulated failure"),
+    ):
+        record = logging.LogRecord("ticklock", logging.INFO, __file__, 1, "run", None, None)
+        record.__dict__.update(
+            job_id="heartbeat",
+            slot=slot,
+            outcome="success",
+            duration=0.0012,
+            report=report,
+            error=error,
+        )
+        printer.emit(record)
+    assert capsys.readouterr().out.splitlines() == [
+        'heartbeat  slot=02:54:00.000 success      1.2 ms report={"jitter_ms": 211, "note": "x"}',
+        "heartbeat  slot=02:54:01.250 success      1.2 ms error=RuntimeError: simulated failure",
+    ]
+
+
+def test_the_demo_lists_its_plan_before_the_first_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ticklock", "demo", "--seconds", "2.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "ticklock demo (local mode). Jobs and their next slots (UTC):"
+    assert re.fullmatch(
+        r"  heartbeat  every 2s \(jitter 0\.5s\) +next: (\d\d:\d\d:\d\d, ){2}\d\d:\d\d:\d\d",
+        lines[1],
+    )
+    runs = [line for line in lines if " slot=" in line]
+    assert runs, out.stdout
+    for line in runs:
+        assert re.fullmatch(
+            r"(heartbeat|flaky|minutely) +slot=\d\d:\d\d:\d\d\.\d{3} \w+ +[\d.]+ ms "
+            r"(report=\{.*\}|error=.*)",
+            line,
+        ), line
+    heartbeat = next(line for line in runs if line.startswith("heartbeat"))
+    assert re.search(r'report=\{"jitter_ms": \d+\}$', heartbeat), heartbeat
+
+
+# -- migrate and status on a real PostgreSQL ---------------------------------------------------
+
+
+def sql(dsn: str, *statements: str) -> list[Any]:
+    """Run ``statements`` on a connection of their own; the rows of the last one."""
+
+    async def go() -> list[Any]:
+        import asyncpg
+
+        conn = await asyncpg.connect(dsn)
+        try:
+            for statement in statements[:-1]:
+                await conn.execute(statement)
+            return list(await conn.fetch(statements[-1]))
+        finally:
+            await conn.close()
+
+    return anyio.run(go)
+
+
+@pytest.mark.postgres
+def test_migrate_says_whether_it_created_the_tables(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
+) -> None:
+    argv = ["migrate", "--dsn", pg_dsn, "--schema", pg_schema]
+    assert main(argv) == 0
+    assert (
+        capsys.readouterr().out == f"ticklock: created ticklock's tables in schema '{pg_schema}'\n"
+    )
+    assert main(argv) == 0
+    assert capsys.readouterr().out == (
+        f"ticklock: the tables in schema '{pg_schema}' were already there; nothing to do\n"
+    )
+    sql(pg_dsn, f"DROP TABLE {pg_schema}.runs", "SELECT 1")
+    assert main(argv) == 0
+    assert capsys.readouterr().out == (
+        f"ticklock: created the missing tables in schema '{pg_schema}': runs\n"
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("schema_exists", [False, True], ids=["no_schema", "no_tables"])
+def test_status_before_migrate_says_to_run_migrate(
+    app_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    pg_dsn: str,
+    pg_schema: str,
+    schema_exists: bool,
+) -> None:
+    if schema_exists:
+        sql(pg_dsn, f"CREATE SCHEMA {pg_schema}", "SELECT 1")
+    assert main(["status", "--dsn", pg_dsn, "--schema", pg_schema]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"ticklock: no ticklock tables in schema '{pg_schema}' of this database: run 'ticklock "
+        "migrate' (a scheduler also creates them when it starts), or give --schema the schema "
+        "your schedulers use\n"
+    )
+
+
+@pytest.mark.postgres
+def test_status_of_a_namespace_without_jobs_says_so_and_exits_1(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
+) -> None:
+    assert main(["migrate", "--dsn", pg_dsn, "--schema", pg_schema]) == 0
+    capsys.readouterr()
+    assert main(["status", "--dsn", pg_dsn, "--schema", pg_schema]) == 1
+    assert capsys.readouterr() == (
+        "",
+        f"ticklock: no jobs in namespace 'default' (schema '{pg_schema}'): no scheduler of that "
+        "namespace has started on this database\n",
+    )
+    sql(
+        pg_dsn,
+        f"INSERT INTO {pg_schema}.jobs (namespace, job_id) VALUES ('billing', 'a'), ('app', 'b')",
+        "SELECT 1",
+    )
+    assert main(["status", "--dsn", pg_dsn, "--schema", pg_schema, "--namespace", "ap"]) == 1
+    assert capsys.readouterr().err == (
+        f"ticklock: no jobs in namespace 'ap' (schema '{pg_schema}'): no scheduler of that "
+        "namespace has started on this database; namespaces with jobs: 'app', 'billing'\n"
+    )
+
+
+@pytest.mark.postgres
+def test_status_labels_the_built_in_retention_job(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
+) -> None:
+    assert main(["migrate", "--dsn", pg_dsn, "--schema", pg_schema]) == 0
+    sql(
+        pg_dsn,
+        f"INSERT INTO {pg_schema}.jobs (namespace, job_id, last_success_at, last_outcome, "
+        "overdue_at) VALUES ('default', 'purge', '2026-11-29T20:45:00.5Z', 'success', "
+        "now() + interval '1 hour'), ('default', 'ticklock.retention', NULL, NULL, NULL)",
+        "SELECT 1",
+    )
+    capsys.readouterr()
+    assert main(["status", "--dsn", pg_dsn, "--schema", pg_schema]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{'job':<40} {'last success':<25} last outcome fails  status",
+        f"{'purge':<40} 2026-11-29T20:45:00+00:00 success          0  ok",
+        f"{'ticklock.retention (built-in)':<40} {'never':<25} -                0  ok",
+    ]

@@ -1,7 +1,8 @@
 """The command line: ``ticklock run|jobs|status|migrate|demo`` (also ``python -m ticklock``).
 
-Exit codes: 0 success (``status``: no job overdue), 1 ``status`` found an overdue job,
-2 bad usage or an error (unreachable database, an import that fails).
+Exit codes: 0 success (``status``: no job overdue), 1 ``status`` found an overdue job or no
+job at all, 2 bad usage or an error (unreachable database, an import that fails, tables that
+``migrate`` has not created).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -22,10 +23,14 @@ import anyio
 from ._durations import dsn as valid_dsn
 from ._durations import redact
 from ._errors import ScheduleError, StartupError
+from ._job import Job
 from ._scheduler import Scheduler
-from ._triggers import Cron
+from ._triggers import Cron, Every
 
 EXIT_OK, EXIT_OVERDUE, EXIT_ERROR = 0, 1, 2
+EXIT_NOT_FOUND = 1
+BUILT_IN = ("ticklock.retention",)
+"""The jobs ticklock adds itself (in PostgreSQL mode), labelled ``(built-in)``."""
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -88,25 +93,53 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
+    """The fire instants of a job that never ran, as a scheduler started at ``now`` plans them:
+    ``every``: now + ``initial_delay``, then one interval after each (runs taking no time);
+    ``cron``: its next fires. Without jitter."""
+    trigger = job.trigger
+    fire: datetime | None
+    if isinstance(trigger, Every):
+        fire = now + timedelta(seconds=trigger.initial_delay)
+    else:
+        fire = trigger.next_fire(now)
+    while fire is not None:
+        yield fire
+        fire = trigger.next_fire(fire)
+
+
+def label(job_id: str) -> str:
+    """``job_id``, with `` (built-in)`` for a job ticklock adds itself."""
+    return f"{job_id} (built-in)" if job_id in BUILT_IN else job_id
+
+
 def _cmd_jobs(args: argparse.Namespace) -> int:
+    if args.count < 1:
+        raise CommandError(f"--count must be at least 1, got {args.count}")
     scheduler = load_scheduler(args.target)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
     for job in scheduler.jobs.values():
-        state = "" if job.enabled else "  (disabled)"
-        print(f"{job.id}: {job.trigger.describe()}, timeout {job.timeout:g}s{state}")
-        fire: datetime | None = now
+        state = "" if job.enabled else "  (disabled: never runs)"
+        print(f"{label(job.id)}: {job.trigger.describe()}, timeout {job.timeout:g}s{state}")
+        if not job.enabled:
+            continue
         zone = job.trigger.zone if isinstance(job.trigger, Cron) else None
-        for _ in range(args.count):
-            assert fire is not None
-            fire = job.trigger.next_fire(fire)
-            if fire is None:
-                break
-            local = f"  ({fire.astimezone(zone).isoformat()} {zone.key})" if zone else ""
-            print(f"    {fire.isoformat()}{local}")
+        for n, fire in zip(range(args.count), first_fires(job, now), strict=False):
+            local = (
+                f"  ({fire.astimezone(zone).isoformat(timespec='seconds')} {zone.key})"
+                if zone
+                else ""
+            )
+            note = ""
+            if n == 0 and isinstance(job.trigger, Every):
+                note = "  (if started now; then one interval after each run ends)"
+            print(f"    {fire.isoformat(timespec='seconds')}{local}{note}")
     return EXIT_OK
 
 
 async def _status(args: argparse.Namespace) -> int:
+    import asyncpg
+
     from ._coordination import FUTURE_LIMIT
     from ._pgpool import connect
     from ._schema import quote
@@ -123,10 +156,33 @@ async def _status(args: argparse.Namespace) -> int:
             args.namespace,
             FUTURE_LIMIT,
         )
+        others = (
+            []
+            if rows
+            else await conn.fetch(
+                f"SELECT DISTINCT namespace FROM {quote(args.schema)}.jobs ORDER BY namespace"
+            )
+        )
+    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+        raise CommandError(
+            f"no ticklock tables in schema {args.schema!r} of this database: run "
+            "'ticklock migrate' (a scheduler also creates them when it starts), or give "
+            "--schema the schema your schedulers use"
+        ) from None
     finally:
         await conn.close()
+    if not rows:
+        found = ", ".join(repr(r["namespace"]) for r in others)
+        print(
+            f"ticklock: no jobs in namespace {args.namespace!r} (schema {args.schema!r}): no "
+            "scheduler of that namespace has started on this database"
+            + (f"; namespaces with jobs: {found}" if found else ""),
+            file=sys.stderr,
+        )
+        return EXIT_NOT_FOUND
     overdue = 0
-    print(f"{'job':<40} {'last success':<27} {'last outcome':<12} {'fails':>5}  status")
+    width = max(40, *(len(label(row["job_id"])) for row in rows))
+    print(f"{'job':<{width}} {'last success':<25} {'last outcome':<12} {'fails':>5}  status")
     for row in rows:
         last = (
             row["last_success_at"].isoformat(timespec="seconds")
@@ -136,11 +192,9 @@ async def _status(args: argparse.Namespace) -> int:
         flag = "FUTURE" if row["future"] else "OVERDUE" if row["overdue"] else "ok"
         overdue += bool(row["overdue"] or row["future"])
         print(
-            f"{row['job_id']:<40} {last:<27} {row['last_outcome'] or '-':<12} "
+            f"{label(row['job_id']):<{width}} {last:<25} {row['last_outcome'] or '-':<12} "
             f"{row['consecutive_failures']:>5}  {flag}"
         )
-    if not rows:
-        print(f"(no jobs in namespace {args.namespace!r})")
     return EXIT_OVERDUE if overdue else EXIT_OK
 
 
@@ -148,16 +202,32 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return anyio.run(_status, args)
 
 
+_TABLES = ("jobs", "runs", "schema_version")
+
+
 async def _migrate(args: argparse.Namespace) -> None:
     from ._pgpool import connect
-    from ._schema import migrate
+    from ._schema import migrate, quote
 
     conn, _ = await connect(args.dsn)
     try:
+        missing = [
+            table
+            for table in _TABLES
+            if await conn.fetchval("SELECT to_regclass($1)", f"{quote(args.schema)}.{table}")
+            is None
+        ]
         await migrate(conn, args.schema)
     finally:
         await conn.close()
-    print(f"ticklock: schema {args.schema!r} is up to date")
+    if not missing:
+        print(f"ticklock: the tables in schema {args.schema!r} were already there; nothing to do")
+    elif len(missing) == len(_TABLES):
+        print(f"ticklock: created ticklock's tables in schema {args.schema!r}")
+    else:
+        print(
+            f"ticklock: created the missing tables in schema {args.schema!r}: {', '.join(missing)}"
+        )
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
@@ -176,7 +246,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ticklock",
         description="Periodic jobs inside your process, once across replicas.",
-        epilog="Exit codes: 0 ok; 1 'status' found an overdue job; 2 usage or runtime error.",
+        epilog="Exit codes: 0 ok; 1 'status' found an overdue job, or no job; 2 usage or runtime "
+        "error.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -202,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_jobs)
 
     for name, helptext, func in (
-        ("status", "show the fleet's job state; exit 1 if a job is overdue", _cmd_status),
+        ("status", "show the fleet's job state; exit 1 if a job is overdue or none", _cmd_status),
         ("migrate", "create or update ticklock's tables", _cmd_migrate),
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
