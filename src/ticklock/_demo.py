@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import signal
-from datetime import datetime, timezone
+from datetime import datetime
 
 import anyio
 
-from . import _plan
-from ._coordination import FleetState
 from ._job import JobContext
 from ._scheduler import Scheduler
 from ._triggers import cron, every
 
 
 class _Printer(logging.Handler):
+    """Prints each run line as a row: job, slot (UTC, to the millisecond), outcome, duration,
+    and the report as JSON or the error."""
+
     def emit(self, record: logging.LogRecord) -> None:
         if not hasattr(record, "outcome"):
             return
-        slot = str(getattr(record, "slot", "-"))[11:23]
+        slot = _clock_time(getattr(record, "slot", None))
         report = getattr(record, "report", None)
         error = getattr(record, "error", None)
-        detail = f" error={error}" if error else (f" report={report}" if report is not None else "")
+        detail = (
+            f" error={error}"
+            if error
+            else (f" report={json.dumps(report)}" if report is not None else "")
+        )
         print(
             f"{record.job_id:<10} slot={slot:<12} {record.outcome:<8} "  # type: ignore[attr-defined]
             f"{record.duration * 1000:7.1f} ms{detail}",  # type: ignore[attr-defined]
@@ -31,17 +37,27 @@ class _Printer(logging.Handler):
         )
 
 
+def _clock_time(slot: object) -> str:
+    """``HH:MM:SS.mmm`` of an ISO slot, ``-`` for none."""
+    try:
+        when = datetime.fromisoformat(str(slot))
+    except ValueError:
+        return "-"
+    return f"{when:%H:%M:%S}.{when.microsecond // 1000:03d}"
+
+
 def build() -> Scheduler:
     """The demo's scheduler: a jittered heartbeat, a job that sometimes fails, a cron job."""
     scheduler = Scheduler(shutdown_grace=2)
     rng = random.Random()
 
-    @scheduler.job(every(2, jitter=0.5), id="heartbeat")
-    async def heartbeat(ctx: JobContext) -> dict[str, str]:
+    # the first runs wait 1 s, so that the plan below prints before them
+    @scheduler.job(every(2, jitter=0.5, initial_delay=1), id="heartbeat")
+    async def heartbeat(ctx: JobContext) -> dict[str, int]:
         # after its slot by the jitter drawn for this run (0-500 ms), not by lateness
-        return {"jitter_ms": f"{(ctx.started_at - ctx.slot).total_seconds() * 1000:.0f}"}
+        return {"jitter_ms": round((ctx.started_at - ctx.slot).total_seconds() * 1000)}
 
-    @scheduler.job(every(3), id="flaky", timeout=1)
+    @scheduler.job(every(3, initial_delay=1), id="flaky", timeout=1)
     async def flaky(ctx: JobContext) -> dict[str, int]:
         await anyio.sleep(rng.uniform(0, 0.2))
         if rng.random() < 0.3:
@@ -62,20 +78,20 @@ async def demo(seconds: float | None = None) -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     scheduler = build()
-    print("ticklock demo (local mode). Jobs and their next fire times:")
-    now = datetime.now(timezone.utc)
-    for job in scheduler.jobs.values():
-        # the first slot as the scheduler plans it (an `every` job starts at once), then one
-        # interval after each (the runs are short here)
-        fires: list[str] = []
-        fire = _plan.first(job, FleetState(), now)
-        while fire is not None and len(fires) < 3:
-            fires.append(fire.strftime("%H:%M:%S"))
-            fire = job.trigger.next_fire(fire)
-        print(f"  {job.id:<10} {job.trigger.describe():<40} next: {', '.join(fires)} UTC")
-    print("Press Ctrl-C to stop.\n")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with scheduler:
+            # the plan as the running scheduler has it: the first slots, then one interval
+            # after each (the runs are short here)
+            print("ticklock demo (local mode). Jobs and their next slots (UTC):")
+            for health in scheduler.health():
+                trigger = scheduler.jobs[health.job_id].trigger
+                fires: list[str] = []
+                fire = health.next_fire
+                while fire is not None and len(fires) < 3:
+                    fires.append(f"{fire:%H:%M:%S}")
+                    fire = trigger.next_fire(fire)
+                print(f"  {health.job_id:<10} {trigger.describe():<40} next: {', '.join(fires)}")
+            print("Press Ctrl-C to stop.\n", flush=True)
             with anyio.move_on_after(seconds if seconds is not None else float("inf")):
                 async for _ in signals:
                     break
