@@ -19,9 +19,9 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 @scheduler.job(every(minutes=5), timeout=60, id="usage-totals")
 async def usage_totals(ctx: JobContext) -> dict[str, int]:
-    assert ctx.conn is not None  # PostgreSQL mode: the connection that holds the lock
     since = ctx.previous_success or EPOCH
-    accounts = await ctx.conn.fetchval(
+    # ctx.db: the connection that holds the lock, inside the tick's transaction
+    accounts = await ctx.db.fetchval(
         """
         WITH totals AS (
             INSERT INTO usage_totals (account_id, window_end, amount)
