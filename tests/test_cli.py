@@ -21,6 +21,7 @@ import pytest
 import ticklock._cli
 from ticklock._cli import main
 from ticklock._demo import _Printer
+from ticklock._schema import VERSION
 
 BAD_PORT = (
     r"bad port: it must be a number from 1 to 65535 \(write '/', '\?' and '#' in the "
@@ -325,17 +326,18 @@ def test_migrate_says_whether_it_created_the_tables(
 ) -> None:
     argv = ["migrate", "--dsn", pg_dsn, "--schema", pg_schema]
     assert main(argv) == 0
-    assert (
-        capsys.readouterr().out == f"ticklock: created ticklock's tables in schema '{pg_schema}'\n"
+    assert capsys.readouterr().out == (
+        f"ticklock: created ticklock's tables in schema '{pg_schema}' (version {VERSION})\n"
     )
     assert main(argv) == 0
     assert capsys.readouterr().out == (
-        f"ticklock: the tables in schema '{pg_schema}' were already there; nothing to do\n"
+        f"ticklock: ticklock's tables in schema '{pg_schema}' are already at version {VERSION}; "
+        "nothing to do\n"
     )
-    sql(pg_dsn, f"DROP TABLE {pg_schema}.runs", "SELECT 1")
-    assert main(argv) == 0
+    sql(pg_dsn, f"UPDATE {pg_schema}.schema_version SET version = {VERSION - 1}", "SELECT 1")
+    assert main(argv) == 0  # as if the tables were an older release's
     assert capsys.readouterr().out == (
-        f"ticklock: created the missing tables in schema '{pg_schema}': runs\n"
+        f"ticklock: upgraded ticklock's tables in schema '{pg_schema}' to version {VERSION}\n"
     )
 
 

@@ -202,32 +202,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return anyio.run(_status, args)
 
 
-_TABLES = ("jobs", "runs", "schema_version")
-
-
 async def _migrate(args: argparse.Namespace) -> None:
     from ._pgpool import connect
-    from ._schema import migrate, quote
+    from ._schema import VERSION, migrate
 
     conn, _ = await connect(args.dsn)
     try:
-        missing = [
-            table
-            for table in _TABLES
-            if await conn.fetchval("SELECT to_regclass($1)", f"{quote(args.schema)}.{table}")
-            is None
-        ]
-        await migrate(conn, args.schema)
+        done = await migrate(conn, args.schema)
     finally:
         await conn.close()
-    if not missing:
-        print(f"ticklock: the tables in schema {args.schema!r} were already there; nothing to do")
-    elif len(missing) == len(_TABLES):
-        print(f"ticklock: created ticklock's tables in schema {args.schema!r}")
+    where = f"ticklock's tables in schema {args.schema!r}"
+    if done == "created":
+        print(f"ticklock: created {where} (version {VERSION})")
+    elif done == "upgraded":
+        print(f"ticklock: upgraded {where} to version {VERSION}")
     else:
-        print(
-            f"ticklock: created the missing tables in schema {args.schema!r}: {', '.join(missing)}"
-        )
+        print(f"ticklock: {where} are already at version {VERSION}; nothing to do")
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
