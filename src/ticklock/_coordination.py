@@ -6,7 +6,6 @@ process (local mode). ``ticklock._postgres.PostgresCoordinator`` keeps it in Pos
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,7 +38,14 @@ class FleetState:
 
     def copy(self) -> FleetState:
         """A copy of this state."""
-        return dataclasses.replace(self)
+        return FleetState(
+            self.last_slot,
+            self.last_end,
+            self.last_success_at,
+            self.consecutive_failures,
+            self.failed_slot,
+            self.failed_attempts,
+        )
 
     def committed(self, result: RunResult) -> None:
         """Fold a successful run into the state."""
