@@ -5,8 +5,16 @@ Hierarchy::
     ValueError
     └── ScheduleError      a misdeclared job, trigger or scheduler, raised where it is written
     RuntimeError
-    ├── SchedulerStateError  a scheduler used out of order (entered twice, run_now before start)
-    └── StartupError         the database refused the scheduler in a way that cannot fix itself
+    ├── SchedulerStateError   a scheduler used out of order (entered twice, run_now before start)
+    ├── StartupError          the database refused the scheduler in a way that cannot fix itself
+    ├── SlotAlreadyCommitted  a commit refused: the watermark is at or past the slot
+    ├── TransactionEnded      a commit refused: the handler ended the tick's transaction
+    ├── LimitsChanged         a commit refused: the handler loosened the server-side timeouts
+    └── ClockAhead            a commit refused: the slot or end lies in the database's future
+    ConnectionError
+    └── DatabaseUnavailable   the database does not answer
+
+The last five end a run as ``error`` (with their message); they are not exported.
 """
 
 from __future__ import annotations
@@ -42,3 +50,23 @@ class StartupError(RuntimeError):
     A database that is down, restarting or refusing connections does not raise this: the
     scheduler starts, ends ticks as ``error`` and connects when the database answers.
     """
+
+
+class SlotAlreadyCommitted(RuntimeError):
+    """The watermark was already at or past this slot: the commit was refused."""
+
+
+class TransactionEnded(RuntimeError):
+    """The handler ended the tick's transaction itself: the lock went with it."""
+
+
+class LimitsChanged(RuntimeError):
+    """The handler changed the tick's server-side timeouts: a paused holder would keep the lock."""
+
+
+class ClockAhead(RuntimeError):
+    """The replica's slot or end lies in the database's future: its clock runs ahead."""
+
+
+class DatabaseUnavailable(ConnectionError):
+    """The database does not answer: ticks end as ``error`` until it does."""

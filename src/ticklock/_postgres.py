@@ -40,7 +40,14 @@ import anyio
 
 from ._clock import Clock
 from ._coordination import FUTURE_LIMIT, FleetState
-from ._errors import StartupError
+from ._errors import (
+    ClockAhead,
+    DatabaseUnavailable,
+    LimitsChanged,
+    SlotAlreadyCommitted,
+    StartupError,
+    TransactionEnded,
+)
 from ._job import Job, Outcome, RunResult
 from ._lock_key import lock_key
 from ._pgpool import ConnectionLease, create_pool
@@ -75,26 +82,6 @@ LEFTOVERS = "; SELECT 1 WHERE EXISTS (SELECT FROM pg_prepared_statements WHERE f
 """After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
 _TRANSIENT_CODES = frozenset({"53300", "25006"})  # too many connections; a read-only standby
 _MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
-
-
-class SlotAlreadyCommitted(RuntimeError):
-    """The watermark was already at or past this slot: the commit was refused."""
-
-
-class TransactionEnded(RuntimeError):
-    """The handler ended the tick's transaction itself: the lock went with it."""
-
-
-class LimitsChanged(RuntimeError):
-    """The handler changed the tick's server-side timeouts: a paused holder would keep the lock."""
-
-
-class ClockAhead(RuntimeError):
-    """The replica's slot or end lies in the database's future: its clock runs ahead."""
-
-
-class DatabaseUnavailable(ConnectionError):
-    """The database has not answered since start-up: ticks end as ``error`` until it does."""
 
 
 class _PgAttempt:
