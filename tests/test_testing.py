@@ -173,6 +173,17 @@ async def test_a_plain_function_is_refused() -> None:
         await run_job(_sync)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_connection_on_trio_is_refused_with_the_fix() -> None:
+    with pytest.raises(
+        RuntimeError,
+        match=r"^run_job: conn and dsn need asyncio, as asyncpg does, and this test runs on "
+        r"another event loop \(trio\?\): pin it to asyncio, e\.g\. with a fixture "
+        r'\'anyio_backend\' that returns "asyncio"$',
+    ):
+        await run_job(_noop, dsn="postgresql://u@db/x")
+
+
 async def test_a_bad_dsn_is_refused_before_connecting() -> None:
     with pytest.raises(ScheduleError, match=r"^dsn has the SQLAlchemy form"):
         await run_job(_noop, dsn="postgresql+asyncpg://u@db/x")

@@ -173,6 +173,14 @@ async def run_job(
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
         raise ValueError(f"run_job: attempt must be an int of at least 1, got {attempt!r}")
     limit = seconds(timeout, "timeout", allow_zero=False)
+    if dsn is not None:
+        dsn = valid_dsn(dsn, "dsn")
+    if (conn is not None or dsn is not None) and not _on_asyncio():
+        raise RuntimeError(
+            "run_job: conn and dsn need asyncio, as asyncpg does, and this test runs on another "
+            "event loop (trio?): pin it to asyncio, e.g. with a fixture 'anyio_backend' that "
+            'returns "asyncio"'
+        )
     if previous_success is not None:
         previous_success = _utc(previous_success, "previous_success")
     started = datetime.now(timezone.utc)
@@ -191,7 +199,7 @@ async def run_job(
         return await _run(handler, ctx, limit, commit)
     from ._pgpool import connect
 
-    own, _ = await connect(valid_dsn(dsn, "dsn"))
+    own, _ = await connect(dsn)
     try:
         return await _run(handler, dataclasses.replace(ctx, conn=own), limit, commit)
     finally:
@@ -227,6 +235,14 @@ async def _run(
     if tx is not None:
         await (tx.commit() if commit else tx.rollback())
     return report
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _utc(value: datetime, field: str) -> datetime:
