@@ -283,7 +283,7 @@ def test_the_demo_lists_its_plan_before_the_first_runs() -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "ticklock demo (local mode). Jobs and their next slots (UTC):"
+    assert lines[0] == "ticklock demo (local mode). Jobs and their next runs (UTC):"
     assert re.fullmatch(
         r"  heartbeat  every 2s \(jitter 0\.5s\) +next: (\d\d:\d\d:\d\d, ){2}\d\d:\d\d:\d\d",
         lines[1],

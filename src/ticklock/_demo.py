@@ -80,9 +80,9 @@ async def demo(seconds: float | None = None) -> None:
     scheduler = build()
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with scheduler:
-            # the plan as the running scheduler has it: the first slots, then one interval
+            # the plan as the running scheduler has it: the first runs, then one interval
             # after each (the runs are short here)
-            print("ticklock demo (local mode). Jobs and their next slots (UTC):")
+            print("ticklock demo (local mode). Jobs and their next runs (UTC):")
             for health in scheduler.health():
                 trigger = scheduler.jobs[health.job_id].trigger
                 fires: list[str] = []
