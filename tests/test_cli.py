@@ -21,7 +21,7 @@ import pytest
 import ticklock._cli
 from ticklock._cli import main
 from ticklock._demo import _Printer
-from ticklock._schema import VERSION
+from ticklock._postgres.sql import VERSION
 
 BAD_PORT = (
     r"bad port: it must be a number from 1 to 65535 \(write '/', '\?' and '#' in the "

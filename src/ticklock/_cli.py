@@ -20,12 +20,12 @@ from typing import Any
 
 import anyio
 
-from ._durations import dsn as valid_dsn
-from ._durations import redact
 from ._errors import ScheduleError, StartupError
 from ._job import Job
 from ._scheduler import Scheduler
 from ._triggers import Cron, Every
+from ._validate import dsn as valid_dsn
+from ._validate import redact
 
 EXIT_OK, EXIT_OVERDUE, EXIT_ERROR = 0, 1, 2
 EXIT_NOT_FOUND = 1
@@ -141,8 +141,8 @@ async def _status(args: argparse.Namespace) -> int:
     import asyncpg
 
     from ._coordination import FUTURE_LIMIT
-    from ._pgpool import connect
-    from ._schema import quote
+    from ._postgres.connection import connect
+    from ._postgres.sql import quote
 
     conn, _ = await connect(args.dsn)
     try:
@@ -203,8 +203,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _migrate(args: argparse.Namespace) -> None:
-    from ._pgpool import connect
-    from ._schema import VERSION, migrate
+    from ._postgres.connection import connect
+    from ._postgres.sql import VERSION, migrate
 
     conn, _ = await connect(args.dsn)
     try:

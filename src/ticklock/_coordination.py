@@ -1,7 +1,7 @@
 """The coordination seam: how a tick takes its job's lock, reads and commits fleet state.
 
 :class:`Coordinator` is the protocol; :class:`LocalCoordinator` keeps the state in this
-process (local mode). ``ticklock._postgres.PostgresCoordinator`` keeps it in PostgreSQL.
+process (local mode). ``ticklock._postgres.coordinator.PostgresCoordinator`` keeps it in PostgreSQL.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._durations import Duration, name, seconds
 from ._errors import ScheduleError, SchedulerStateError
 from ._triggers import Cron, Every, Trigger
+from ._validate import Duration, name, seconds
 
 if TYPE_CHECKING:
     import asyncpg

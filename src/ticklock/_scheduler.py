@@ -17,16 +17,16 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ._clock import Clock, SystemClock
 from ._coordination import FUTURE_LIMIT, Coordinator, FleetState, LocalCoordinator
-from ._durations import Duration, identifier, name, seconds
-from ._durations import dsn as valid_dsn
+from ._dispatcher import Dispatcher, Entry
 from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
-from ._loop import Dispatcher, Entry
 from ._plan import Plan, overdue_at, plan
+from ._runner import Runner
 from ._runs import Runs
 from ._telemetry import Telemetry, logger
-from ._tick import Runner
 from ._triggers import Trigger
+from ._validate import Duration, identifier, name, seconds
+from ._validate import dsn as valid_dsn
 
 if TYPE_CHECKING:
     import asyncpg
@@ -99,7 +99,7 @@ class Scheduler:
         self._runner: Runner | None = None
 
     def _add_retention(self) -> None:
-        from ._schema import Retention
+        from ._postgres.retention import Retention
 
         if "ticklock.retention" not in self._entries:
             self.add(
@@ -340,7 +340,7 @@ class Scheduler:
         logger.info("scheduler stopped")
 
     def _make_postgres(self) -> Coordinator:
-        from ._postgres import PostgresCoordinator
+        from ._postgres.coordinator import PostgresCoordinator
 
         return PostgresCoordinator(
             dsn=self._dsn,

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import _cron
-from ._durations import Duration, seconds
 from ._errors import ScheduleError
+from ._validate import Duration, seconds
 
 
 @functools.lru_cache(maxsize=1024)

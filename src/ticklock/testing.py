@@ -159,8 +159,8 @@ async def run_job(
         report = await run_job(purge, conn=conn, slot=datetime(2026, 1, 1, tzinfo=timezone.utc))
         assert report == {"deleted": 3}    # and the deletion was rolled back
     """
-    from ._durations import dsn as valid_dsn
-    from ._durations import name, seconds
+    from ._validate import dsn as valid_dsn
+    from ._validate import name, seconds
 
     if not _is_async(handler):
         raise TypeError(f"run_job: handler must be an async function, got {handler!r}")
@@ -197,7 +197,7 @@ async def run_job(
     )
     if dsn is None:
         return await _run(handler, ctx, limit, commit)
-    from ._pgpool import connect
+    from ._postgres.connection import connect
 
     own, _ = await connect(dsn)
     try:
@@ -211,7 +211,7 @@ async def _run(
     handler: Callable[[JobContext], Awaitable[T]], ctx: JobContext, limit: float, commit: bool
 ) -> T:
     """Call ``handler`` under its timeout, in a transaction on ``ctx.conn`` if there is one."""
-    from ._tick import _check_report  # the scheduler's own test of a storable report
+    from ._runner import _check_report  # the scheduler's own test of a storable report
 
     tx = None if ctx.conn is None else ctx.conn.transaction()
     if tx is not None:

@@ -20,8 +20,8 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from . import _plan
 from ._clock import Clock
 from ._coordination import Attempt, Coordinator, FleetState
+from ._dispatcher import Dispatcher, watch
 from ._job import Job, JobContext, Outcome, RunResult
-from ._loop import Dispatcher, watch
 from ._telemetry import JOB_ID, Telemetry, logger
 
 

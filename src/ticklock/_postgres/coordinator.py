@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
-from ._clock import Clock
-from ._coordination import FUTURE_LIMIT, FleetState
-from ._errors import (
+from .._clock import Clock
+from .._coordination import FUTURE_LIMIT, FleetState
+from .._errors import (
     ClockAhead,
     DatabaseUnavailable,
     LimitsChanged,
@@ -48,11 +48,11 @@ from ._errors import (
     StartupError,
     TransactionEnded,
 )
-from ._job import Job, Outcome, RunResult
-from ._lock_key import lock_key
-from ._pgpool import ConnectionLease, create_pool
-from ._plan import overdue_at
-from ._schema import migrate, quote
+from .._job import Job, Outcome, RunResult
+from .._lock_key import lock_key
+from .._plan import overdue_at
+from .connection import ConnectionLease, create_pool
+from .sql import migrate, quote
 
 if TYPE_CHECKING:
     import asyncpg

@@ -1,4 +1,4 @@
-"""ticklock's tables in PostgreSQL, their idempotent migration, and the retention sweep.
+"""ticklock's tables in PostgreSQL and their idempotent migration.
 
 ``jobs`` holds one row of fleet state per ``(namespace, job_id)``; ``runs`` the history.
 The schema name is validated as a plain identifier and always quoted.
@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._lock_key import lock_key
+from .._lock_key import lock_key
 
 if TYPE_CHECKING:
     import asyncpg
-
-    from ._job import JobContext
 
 VERSION = 2
 _MIGRATION_LOCK = "ticklock.migrate"
@@ -94,31 +92,3 @@ async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
             await conn.execute(steps[step])
         await conn.execute(f"UPDATE {s}.schema_version SET version = $1", VERSION)
         return "upgraded"
-
-
-class Retention:
-    """The built-in job ``ticklock.retention``: deletes run records older than ``keep``.
-
-    It runs every minute and deletes at most :attr:`BATCH` rows a run, so that a tick stays
-    short (about 0.3 s for a full batch on the benchmarks' machine) and still keeps up with
-    72 million runs a day (830 a second); ``capped`` in its report says a backlog is left.
-    """
-
-    BATCH = 50_000
-
-    def __init__(self, schema: str, namespace: str, keep: float) -> None:
-        self._sql = (
-            f"WITH d AS (DELETE FROM {quote(schema)}.runs WHERE id IN ("
-            f"SELECT id FROM {quote(schema)}.runs WHERE namespace = $1 "
-            f"AND finished_at < now() - make_interval(secs => $2) LIMIT {self.BATCH}) "
-            "RETURNING 1) SELECT count(*) FROM d"
-        )
-        self._namespace = namespace
-        self._keep = keep
-
-    async def __call__(self, ctx: JobContext) -> dict[str, int | bool]:
-        """Delete one batch of expired run records through the tick's connection."""
-        if ctx.conn is None:
-            return {"deleted": 0, "capped": False}
-        deleted = int(await ctx.conn.fetchval(self._sql, self._namespace, self._keep))
-        return {"deleted": deleted, "capped": deleted >= self.BATCH}
