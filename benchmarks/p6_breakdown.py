@@ -69,10 +69,10 @@ async def measure(dsn: str, ticks: int, rounds: int) -> None:
 
         async def statements() -> None:
             await raw.execute(coordinator._begin_sql("replayed", job.timeout))
-            state = await raw.fetchrow(coordinator.sql_state, coordinator.namespace, "replayed")
+            state = await raw.fetchrow(coordinator.sql.state, coordinator.namespace, "replayed")
             now = datetime.now(timezone.utc)
             await raw.fetchrow(
-                coordinator.sql_commit, coordinator.namespace, "replayed", now, now, now,
+                coordinator.sql.commit, coordinator.namespace, "replayed", now, now, now,
                 "bench", None, None, state[0], int((job.timeout + 1) * 1000),
             )  # fmt: skip
             await raw.execute("COMMIT")

@@ -52,7 +52,7 @@ from .._job import Job, Outcome, RunResult
 from .._lock_key import lock_key
 from .._plan import overdue_at
 from .connection import ConnectionLease, create_pool
-from .sql import migrate, quote
+from .sql import Statements, migrate
 
 if TYPE_CHECKING:
     import asyncpg
@@ -133,7 +133,7 @@ class _PgAttempt:
         assert self._con is not None
         c = self._coordinator
         row = await self._con.fetchrow(
-            c.sql_commit,
+            c.sql.commit,
             c.namespace,
             self._job_id,
             result.slot,
@@ -242,74 +242,7 @@ class PostgresCoordinator:
         self._begin: dict[tuple[str, float], str] = {}  # (job id, budget): the tick's BEGIN
         self._scope_class = anyio.CancelScope
         self._loop_time = time.monotonic
-        s = quote(schema)
-        self.sql_state = (
-            "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
-            "coalesce(j.consecutive_failures, 0), j.failed_slot, coalesce(j.failed_attempts, 0) "
-            f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
-            "ON j.namespace = $1 AND j.job_id = $2"
-        )
-        self.sql_register = (
-            f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
-            "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
-            "ON CONFLICT (namespace, job_id) DO NOTHING"
-        )
-        self.sql_reschedule = (
-            f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
-            "FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[]) AS v(id, success, due) "
-            "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_success_at = v.success "
-            "AND j.overdue_at IS DISTINCT FROM v.due"
-        )
-        self.sql_load = (
-            "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, "
-            f"consecutive_failures, failed_slot, failed_attempts FROM {s}.jobs WHERE namespace = $1"
-        )
-        within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
-        self.sql_commit = f"""
-WITH guard AS (
-    SELECT now() = $9::timestamptz AS same_tx,
-        CASE WHEN current_setting('transaction_timeout', true) IS NULL
-            THEN current_setting('statement_timeout'){within}
-                AND current_setting('idle_in_transaction_session_timeout'){within}
-            ELSE current_setting('transaction_timeout'){within} END AS bounded,
-        extract(epoch FROM greatest($3::timestamptz, $4::timestamptz) - clock_timestamp())
-            AS ahead
-), j AS (
-    INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
-                               last_outcome, consecutive_failures, overdue_at, updated_at)
-    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, now() FROM guard
-    WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT}
-    ON CONFLICT (namespace, job_id) DO UPDATE SET
-        last_slot = EXCLUDED.last_slot,
-        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
-        last_success_at = EXCLUDED.last_success_at,
-        last_outcome = 'success', consecutive_failures = 0,
-        failed_slot = NULL, failed_attempts = 0,
-        overdue_at = EXCLUDED.overdue_at, updated_at = now()
-    WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot
-    RETURNING 1
-), r AS (
-    INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, report)
-    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb FROM j
-)
-SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
-        # A failure's end moves the fixed delay, but never into the database's future.
-        end = f"least($4::timestamptz, clock_timestamp() + interval '{FUTURE_LIMIT:g} s')"
-        self.sql_failure = f"""
-WITH j AS (
-    INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
-                               consecutive_failures, failed_slot, failed_attempts, updated_at)
-    VALUES ($1, $2, {end}, $6, 1, $3, 1, now())
-    ON CONFLICT (namespace, job_id) DO UPDATE SET
-        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
-        last_outcome = EXCLUDED.last_outcome,
-        consecutive_failures = j.consecutive_failures + 1,
-        failed_attempts = CASE WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
-        failed_slot = $3, updated_at = now()
-    WHERE j.last_slot IS NULL OR j.last_slot < $3
-)
-INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error)
-VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
+        self.sql = Statements(schema)
 
     async def open(self) -> None:
         """Create the pool (unless one was given), then migrate and check the clock, or note
@@ -460,12 +393,12 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
     async def _load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         async with self._connection() as conn:
             await conn.execute(
-                self.sql_register,
+                self.sql.register,
                 self.namespace,
                 list(jobs),
                 [overdue_at(job, now) for job in jobs.values()],
             )
-            rows = await conn.fetch(self.sql_load, self.namespace)
+            rows = await conn.fetch(self.sql.load, self.namespace)
             states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}
             # A commit stores the instant from its own schedule; a deploy that changed the
             # schedule would leave status judging by the old one until the next success.
@@ -486,7 +419,7 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
                         "SELECT pg_advisory_xact_lock($1)", lock_key(self.schema, _RESCHEDULE)
                     )
                     ids, successes, dues = (list(column) for column in zip(*moved, strict=True))
-                    await conn.execute(self.sql_reschedule, self.namespace, ids, successes, dues)
+                    await conn.execute(self.sql.reschedule, self.namespace, ids, successes, dues)
         return states
 
     def _begin_sql(self, job_id: str, budget: float) -> str:
@@ -526,7 +459,7 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
             self._up()
             if status != "SELECT 1":
                 return attempt  # held by another replica: close() rolls back
-            row = await conn.fetchrow(self.sql_state, self.namespace, job_id)
+            row = await conn.fetchrow(self.sql.state, self.namespace, job_id)
             assert row is not None  # the statement returns one row
             tx, *state = row
             attempt.acquired = True
@@ -551,7 +484,7 @@ VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
     async def _record(self, result: RunResult) -> None:
         async with self._connection() as conn:
             await conn.execute(
-                self.sql_failure,
+                self.sql.failure,
                 self.namespace,
                 result.job_id,
                 result.slot,

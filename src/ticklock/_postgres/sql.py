@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._coordination import FUTURE_LIMIT
 from .._lock_key import lock_key
 
 if TYPE_CHECKING:
@@ -92,3 +93,86 @@ async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
             await conn.execute(steps[step])
         await conn.execute(f"UPDATE {s}.schema_version SET version = $1", VERSION)
         return "upgraded"
+
+
+class Statements:
+    """The statements of a tick and of the scheduler's start, for the tables in ``schema``.
+
+    ``commit`` writes the watermark, the success and the run record in one statement, and only
+    if the transaction is still the one that took the lock (``now()`` is its start, read under
+    the lock), the server-side timeouts the tick set still hold, and the slot and end are not
+    more than ``FUTURE_LIMIT`` seconds in the database's future; it says which check failed.
+    """
+
+    def __init__(self, schema: str) -> None:
+        s = quote(schema)
+        self.state = (
+            "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
+            "coalesce(j.consecutive_failures, 0), j.failed_slot, "
+            f"coalesce(j.failed_attempts, 0) FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
+            "ON j.namespace = $1 AND j.job_id = $2"
+        )
+        self.register = (
+            f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
+            "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
+            "ON CONFLICT (namespace, job_id) DO NOTHING"
+        )
+        self.reschedule = (
+            f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
+            "FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[]) "
+            "AS v(id, success, due) "
+            "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_success_at = v.success "
+            "AND j.overdue_at IS DISTINCT FROM v.due"
+        )
+        self.load = (
+            "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, "
+            "consecutive_failures, failed_slot, failed_attempts "
+            f"FROM {s}.jobs WHERE namespace = $1"
+        )
+        within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
+        self.commit = f"""
+WITH guard AS (
+    SELECT now() = $9::timestamptz AS same_tx,
+        CASE WHEN current_setting('transaction_timeout', true) IS NULL
+            THEN current_setting('statement_timeout'){within}
+                AND current_setting('idle_in_transaction_session_timeout'){within}
+            ELSE current_setting('transaction_timeout'){within} END AS bounded,
+        extract(epoch FROM greatest($3::timestamptz, $4::timestamptz) - clock_timestamp())
+            AS ahead
+), j AS (
+    INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
+        last_outcome, consecutive_failures, overdue_at, updated_at)
+    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, now() FROM guard
+    WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT}
+    ON CONFLICT (namespace, job_id) DO UPDATE SET
+        last_slot = EXCLUDED.last_slot,
+        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
+        last_success_at = EXCLUDED.last_success_at,
+        last_outcome = 'success', consecutive_failures = 0,
+        failed_slot = NULL, failed_attempts = 0,
+        overdue_at = EXCLUDED.overdue_at, updated_at = now()
+    WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot
+    RETURNING 1
+), r AS (
+    INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
+        report)
+    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb FROM j
+)
+SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
+        # A failure's end moves the fixed delay, but never into the database's future.
+        end = f"least($4::timestamptz, clock_timestamp() + interval '{FUTURE_LIMIT:g} s')"
+        self.failure = f"""
+WITH j AS (
+    INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
+        consecutive_failures, failed_slot, failed_attempts, updated_at)
+    VALUES ($1, $2, {end}, $6, 1, $3, 1, now())
+    ON CONFLICT (namespace, job_id) DO UPDATE SET
+        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
+        last_outcome = EXCLUDED.last_outcome,
+        consecutive_failures = j.consecutive_failures + 1,
+        failed_attempts = CASE WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
+        failed_slot = $3, updated_at = now()
+    WHERE j.last_slot IS NULL OR j.last_slot < $3
+)
+INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error)
+VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
