@@ -15,9 +15,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pgserver import TempPostgres
 
 
-@pytest.fixture(params=["asyncio", "trio"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every async test runs on asyncio and trio, except PostgreSQL tests (asyncpg needs
+    asyncio) and tests marked ``asyncio_only``; a test may also choose its own backends."""
+    if "anyio_backend" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        if "anyio_backend" in str(mark.args[0]):
+            return
+    node = metafunc.definition
+    only = node.get_closest_marker("postgres") or node.get_closest_marker("asyncio_only")
+    backends = ["asyncio"] if only else ["asyncio", "trio"]
+    metafunc.parametrize("anyio_backend", backends, indirect=True)
+
+
+@pytest.fixture
 def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Local-mode tests run on both backends."""
+    """The backend :func:`pytest_generate_tests` chose for this test."""
     return str(request.param)
 
 

@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 import anyio
+
+from ticklock import Scheduler
 
 UTC = timezone.utc
 
@@ -34,10 +35,10 @@ class RunLog(logging.Handler):
         if hasattr(record, "outcome"):
             self.runs.append(
                 Seen(
-                    record.job_id,  # type: ignore[attr-defined]
-                    record.slot,  # type: ignore[attr-defined]
-                    record.outcome,  # type: ignore[attr-defined]
-                    record.error,  # type: ignore[attr-defined]
+                    record.__dict__["job_id"],
+                    record.__dict__["slot"],
+                    record.__dict__["outcome"],
+                    record.__dict__["error"],
                 )
             )
 
@@ -71,7 +72,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float, what: 
         await anyio.sleep(0.05)
 
 
-def add_lock_holder(scheduler: Any, entered: anyio.Event, gate: anyio.Event) -> None:
+def add_lock_holder(scheduler: Scheduler, entered: anyio.Event, gate: anyio.Event) -> None:
     """Declare job "shared": its run signals ``entered`` and holds the lock until ``gate``."""
     from ticklock import JobContext, every
 

@@ -13,7 +13,7 @@ import time_machine
 from ticklock import JobContext, Scheduler, cron
 from ticklock.testing import ManualClock
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 async def test_manual_clock_moves_only_forward_and_wakes_sleepers_in_order() -> None:
@@ -46,11 +46,6 @@ async def test_manual_clock_advances_by_a_timedelta_and_refuses_non_finite_steps
         with pytest.raises(ValueError, match=message + re.escape(repr(bad)) + "$"):
             await clock.advance(bad)
     assert clock.monotonic() == 2.5
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 async def _first_fire(step: float, start: datetime) -> tuple[datetime, datetime, float]:

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,6 @@ from helpers import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 TESTS = Path(__file__).parent
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # asyncpg runs on asyncio
 
 
 class Fleet:
@@ -86,7 +81,7 @@ class Fleet:
 
 
 @pytest.fixture
-async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> Iterator[Fleet]:
+async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Fleet]:
     await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
     await pg_conn.execute(
         f"CREATE TABLE {pg_schema}.log (job text, slot timestamptz, owner text, "
@@ -94,7 +89,7 @@ async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> It
     )
     f = Fleet(pg_dsn, pg_schema, tmp_path)
     try:
-        yield f  # type: ignore[misc]
+        yield f
     finally:
         f.kill_all()
 

@@ -321,7 +321,7 @@ def test_watermark_example_counts_each_window_once(pg_dsn: str) -> None:
         os.environ["TICKLOCK_DSN"] = dsn
         try:
             sys.path.insert(0, str(EXAMPLES))
-            import watermark
+            import watermark  # type: ignore[import-not-found]
 
             async def run_now() -> Any:  # the scheduled tick at start may hold the lock
                 for _ in range(200):

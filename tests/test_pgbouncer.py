@@ -36,11 +36,6 @@ pytestmark = [
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
     target = urlsplit(pg_dsn)
     with socket.socket() as s:

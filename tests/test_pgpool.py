@@ -14,11 +14,6 @@ from ticklock import JobContext, Outcome, Scheduler, every
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # asyncpg runs on asyncio
-
-
 def closed(con: Any) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return bool(con.is_closed())
@@ -26,7 +21,7 @@ def closed(con: Any) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-class ResetCounter(asyncpg.Connection):  # type: ignore[type-arg]
+class ResetCounter(asyncpg.Connection):  # type: ignore[type-arg,unused-ignore]
     """Counts the simple queries that carry asyncpg's session reset."""
 
     resets: list[str] = []

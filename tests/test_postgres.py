@@ -23,11 +23,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # asyncpg runs on asyncio
-
-
-@pytest.fixture
 async def table(pg_conn: Any, pg_schema: str) -> str:
     await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
     await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
@@ -80,6 +75,7 @@ async def test_success_commits_writes_watermark_and_record_together(
             "current_setting('idle_in_transaction_session_timeout') AS idle, "
             "current_setting('transaction_timeout', true) AS tx"
         )
+        assert timeouts is not None
         return dict(timeouts)
 
     async with scheduler:

@@ -17,11 +17,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # asyncpg runs on asyncio
-
-
-@pytest.fixture
 async def table(pg_conn: Any, pg_schema: str) -> str:
     await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
     await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
@@ -198,6 +193,7 @@ async def test_a_role_set_in_a_tick_does_not_outlive_it(
         async def who(ctx: JobContext) -> None:
             assert ctx.conn is not None
             row = await ctx.conn.fetchrow("SELECT current_user, session_user")
+            assert row is not None
             users.append((row[0], row[1]))
             await ctx.conn.execute(f"SET ROLE {role}")
 

@@ -16,11 +16,6 @@ from ticklock import JobContext, Outcome, Scheduler, StartupError, every
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # asyncpg runs on asyncio
-
-
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
