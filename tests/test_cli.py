@@ -283,7 +283,7 @@ def test_the_demo_lists_its_plan_before_the_first_runs() -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "ticklock demo (local mode). Jobs and their next runs (UTC):"
+    assert lines[0] == "ticklock demo (local mode). Jobs and their next slots (UTC):"
     assert re.fullmatch(
         r"  heartbeat  every 2s \(jitter 0\.5s\) +next: (\d\d:\d\d:\d\d, ){2}\d\d:\d\d:\d\d",
         lines[1],
@@ -296,7 +296,13 @@ def test_the_demo_lists_its_plan_before_the_first_runs() -> None:
             r"(report=\{.*\}|error=.*)",
             line,
         ), line
+    # the listing's first slot is the first run's (truncated to the second, taken just before
+    # the scheduler starts), not one interval later, nor the slot plus its jitter
+    listed = lines[1].split("next: ")[1][:8]
     heartbeat = next(line for line in runs if line.startswith("heartbeat"))
+    ran = heartbeat.split("slot=")[1][:8]
+    listed_s, ran_s = (int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in (listed, ran))
+    assert (ran_s - listed_s) % 86400 in (0, 1), (listed, ran)  # 1: a second began meanwhile
     assert re.search(r'report=\{"jitter_ms": \d+\}$', heartbeat), heartbeat
 
 

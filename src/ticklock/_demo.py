@@ -6,10 +6,12 @@ import json
 import logging
 import random
 import signal
-from datetime import datetime
+from datetime import datetime, timezone
+from itertools import islice
 
 import anyio
 
+from ._cli import first_fires
 from ._job import JobContext
 from ._scheduler import Scheduler
 from ._triggers import cron, every
@@ -51,13 +53,12 @@ def build() -> Scheduler:
     scheduler = Scheduler(shutdown_grace=2)
     rng = random.Random()
 
-    # the first runs wait 1 s, so that the plan below prints before them
-    @scheduler.job(every(2, jitter=0.5, initial_delay=1), id="heartbeat")
+    @scheduler.job(every(2, jitter=0.5), id="heartbeat")
     async def heartbeat(ctx: JobContext) -> dict[str, int]:
         # after its slot by the jitter drawn for this run (0-500 ms), not by lateness
         return {"jitter_ms": round((ctx.started_at - ctx.slot).total_seconds() * 1000)}
 
-    @scheduler.job(every(3, initial_delay=1), id="flaky", timeout=1)
+    @scheduler.job(every(3), id="flaky", timeout=1)
     async def flaky(ctx: JobContext) -> dict[str, int]:
         await anyio.sleep(rng.uniform(0, 0.2))
         if rng.random() < 0.3:
@@ -78,20 +79,15 @@ async def demo(seconds: float | None = None) -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     scheduler = build()
+    # the slots as a scheduler started now plans them (the runs are short here)
+    now = datetime.now(timezone.utc)
+    print("ticklock demo (local mode). Jobs and their next slots (UTC):")
+    for job in scheduler.jobs.values():
+        fires = ", ".join(f"{fire:%H:%M:%S}" for fire in islice(first_fires(job, now), 3))
+        print(f"  {job.id:<10} {job.trigger.describe():<40} next: {fires}")
+    print("Press Ctrl-C to stop.\n", flush=True)
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with scheduler:
-            # the plan as the running scheduler has it: the first runs, then one interval
-            # after each (the runs are short here)
-            print("ticklock demo (local mode). Jobs and their next runs (UTC):")
-            for health in scheduler.health():
-                trigger = scheduler.jobs[health.job_id].trigger
-                fires: list[str] = []
-                fire = health.next_fire
-                while fire is not None and len(fires) < 3:
-                    fires.append(f"{fire:%H:%M:%S}")
-                    fire = trigger.next_fire(fire)
-                print(f"  {health.job_id:<10} {trigger.describe():<40} next: {', '.join(fires)}")
-            print("Press Ctrl-C to stop.\n", flush=True)
             with anyio.move_on_after(seconds if seconds is not None else float("inf")):
                 async for _ in signals:
                     break
