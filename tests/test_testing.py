@@ -212,7 +212,6 @@ async def count(conn: Any, table: str) -> int:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_on_a_connection_the_write_is_rolled_back_by_default(
     pg_conn: Any, table: str
 ) -> None:
@@ -223,14 +222,12 @@ async def test_on_a_connection_the_write_is_rolled_back_by_default(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_commit_true_keeps_the_write(pg_conn: Any, table: str) -> None:
     await run_job(writer(table), conn=pg_conn, slot=SLOT, commit=True)
     assert await pg_conn.fetchval(f"SELECT slot FROM {table}") == SLOT
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_failing_handler_is_rolled_back_even_with_commit(pg_conn: Any, table: str) -> None:
     async def write_then_fail(ctx: JobContext) -> None:
         await ctx.db.execute(f"INSERT INTO {table} VALUES ($1)", ctx.slot)
@@ -243,7 +240,6 @@ async def test_a_failing_handler_is_rolled_back_even_with_commit(pg_conn: Any, t
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_from_a_dsn_it_connects_and_closes(pg_dsn: str, pg_conn: Any, table: str) -> None:
     async def write(ctx: JobContext) -> int:
         await ctx.db.execute(f"INSERT INTO {table} VALUES ($1)", ctx.slot)
