@@ -68,7 +68,7 @@ async def measure(dsn: str, ticks: int, rounds: int) -> None:
         raw = await asyncpg.connect(dsn)
 
         async def statements() -> None:
-            await raw.execute(coordinator._begin_sql("replayed", job.timeout))
+            await raw.execute(coordinator._begin("replayed", job.timeout))
             state = await raw.fetchrow(coordinator.sql.state, coordinator.namespace, "replayed")
             now = datetime.now(timezone.utc)
             await raw.fetchrow(

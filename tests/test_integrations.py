@@ -261,7 +261,7 @@ def test_cli_migrate_and_status_exit_codes(pg_dsn: str, pg_schema: str) -> None:
     assert cli("migrate", "--dsn", pg_dsn, "--schema", pg_schema).returncode == 0
     assert cli("migrate", "--dsn", pg_dsn, "--schema", pg_schema).returncode == 0  # idempotent
     empty = cli("status", "--dsn", pg_dsn, "--schema", pg_schema)
-    assert empty.returncode == 0 and "no jobs" in empty.stdout
+    assert empty.returncode == 1 and "no jobs in namespace 'default'" in empty.stderr
     import asyncio
 
     import asyncpg

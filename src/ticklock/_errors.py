@@ -5,7 +5,8 @@ Hierarchy::
     ValueError
     └── ScheduleError      a misdeclared job, trigger or scheduler, raised where it is written
     RuntimeError
-    ├── SchedulerStateError   a scheduler used out of order (entered twice, run_now before start)
+    ├── SchedulerStateError   a scheduler used out of order (entered twice, run_now before
+    │                         start), or ``ctx.db`` in local mode
     ├── StartupError          the database refused the scheduler in a way that cannot fix itself
     ├── SlotAlreadyCommitted  a commit refused: the watermark is at or past the slot
     ├── TransactionEnded      a commit refused: the handler ended the tick's transaction

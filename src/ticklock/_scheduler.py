@@ -101,11 +101,11 @@ class Scheduler:
     def _add_retention(self) -> None:
         from ._postgres.retention import Retention
 
-        if "ticklock.retention" not in self._entries:
+        if _RETENTION not in self._entries:
             self.add(
                 Retention(self.schema, self.namespace, self.retention),
                 _retention_trigger(),
-                id="ticklock.retention",
+                id=_RETENTION,
                 timeout=30,
             )
 
@@ -300,10 +300,13 @@ class Scheduler:
         if states is None:  # the database did not answer: its ticks end as error meanwhile
             tg.start_soon(self._connect, name="ticklock.connect")
         self._status = "running"
+        user = sum(1 for job_id in self._entries if job_id != _RETENTION)
         logger.info(
-            "scheduler started (%s mode, %d jobs, owner %s)",
+            "scheduler started (%s mode, %d job%s%s, owner %s)",
             "postgres" if self.postgres else "local",
-            len(self._entries),
+            user,
+            "" if user == 1 else "s",
+            f" and the built-in {_RETENTION}" if _RETENTION in self._entries else "",
             self.owner,
         )
         task_status.started()
@@ -476,6 +479,7 @@ class Scheduler:
             yield
 
 
+_RETENTION = "ticklock.retention"
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
 
 

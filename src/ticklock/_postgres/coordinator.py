@@ -26,9 +26,10 @@ poolers. ``SET LOCAL`` timeouts make the server end the session of a holder that
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -236,21 +237,14 @@ class PostgresCoordinator:
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
         self._cause = ""
-        self._retry_at = 0.0  # when a tick may try to migrate again (while not ready)
+        self._retry_at = -math.inf  # when to try to migrate again (while not ready)
         self._retry_delay = RETRY_FIRST
         self._transaction_timeout = False
-        self._begin: dict[tuple[str, float], str] = {}  # (job id, budget): the tick's BEGIN
-        self._scope_class = anyio.CancelScope
-        self._loop_time = time.monotonic
         self.sql = Statements(schema)
 
     async def open(self) -> None:
         """Create the pool (unless one was given), then migrate and check the clock, or note
         that the database does not answer yet (see the class docstring)."""
-        # asyncpg runs on asyncio: the shielded scopes take the backend's class and the loop's
-        # clock directly instead of looking the backend up for every scope
-        self._scope_class = type(anyio.CancelScope())
-        self._loop_time = asyncio.get_running_loop().time
         if self.pool is None:
             self.pool = await create_pool(self._dsn)
         try:
@@ -262,30 +256,21 @@ class PostgresCoordinator:
             self._down(exc)
 
     async def connect(self) -> None:
-        """Retry what :meth:`open` could not do, with capped, jittered backoff, until the
-        database answers (at once if it did)."""
-        delay = RETRY_FIRST
+        """Return once the database answers and the schema is migrated, trying again with
+        capped, jittered backoff (the same attempts a tick makes while not :attr:`ready`)."""
         while not self.ready:
-            wait = delay * self._random.uniform(0.5, 1.0)
-            await self._clock.sleep_until(self._clock.monotonic() + wait)
-            try:
-                await self._prepare()
-            except Exception as exc:
-                self._down(exc)
-                delay = min(delay * 2, RETRY_MAX)
+            await self._clock.sleep_until(self._retry_at)
+            with contextlib.suppress(DatabaseUnavailable):
+                await self._reconnect()
 
     async def _reconnect(self) -> None:
         """From a tick while not :attr:`ready`: migrate again once the backoff allows."""
-        now = time.monotonic()
-        if now >= self._retry_at:
+        if self._clock.monotonic() >= self._retry_at:
             try:
                 await self._prepare()
-                self._retry_delay = RETRY_FIRST
                 return
             except Exception as exc:
                 self._down(exc)
-                self._retry_at = now + self._retry_delay * self._random.uniform(0.5, 1.0)
-                self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
         raise DatabaseUnavailable(f"the database is not available ({self._cause})")
 
     async def _prepare(self) -> None:
@@ -297,7 +282,11 @@ class PostgresCoordinator:
         self._up()
 
     def _down(self, exc: BaseException) -> None:
-        """Log the start of an outage (or a change of its cause) once, without a traceback."""
+        """Note a failed attempt: log the start of an outage (or a change of its cause) once,
+        without a traceback, and put off the next attempt to migrate (jittered backoff)."""
+        wait = self._retry_delay * self._random.uniform(0.5, 1.0)
+        self._retry_at = self._clock.monotonic() + wait
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
         cause = _describe(exc)
         if self._down_since is None or type(exc).__name__ not in self._cause:
             logger.warning(
@@ -309,6 +298,7 @@ class PostgresCoordinator:
         self._cause = cause
 
     def _up(self) -> None:
+        self._retry_delay = RETRY_FIRST
         if self._down_since is not None:
             logger.info(
                 "the database answers again, after %.1f s", time.monotonic() - self._down_since
@@ -339,7 +329,7 @@ class PostgresCoordinator:
 
     def shielded(self) -> anyio.CancelScope:
         """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
-        return self._scope_class(shield=True, deadline=self._loop_time() + CLEANUP_SECONDS)
+        return anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
@@ -422,13 +412,7 @@ class PostgresCoordinator:
                     await conn.execute(self.sql.reschedule, self.namespace, ids, successes, dues)
         return states
 
-    def _begin_sql(self, job_id: str, budget: float) -> str:
-        sql = self._begin.get((job_id, budget))
-        if sql is None:
-            sql = self._begin[job_id, budget] = self._make_begin(job_id, budget)
-        return sql
-
-    def _make_begin(self, job_id: str, budget: float) -> str:
+    def _begin(self, job_id: str, budget: float) -> str:
         ms = _limit_ms(budget)
         key = lock_key(self.namespace, job_id)  # an int we computed: safe to inline
         if self._transaction_timeout:  # PG 17+: bounds the whole transaction, idle or busy
@@ -455,7 +439,7 @@ class PostgresCoordinator:
             raise
         attempt = _PgAttempt(self, job_id, conn, _limit_ms(budget))
         try:
-            status = await conn.execute(self._begin_sql(job_id, budget))
+            status = await conn.execute(self._begin(job_id, budget))
             self._up()
             if status != "SELECT 1":
                 return attempt  # held by another replica: close() rolls back
