@@ -114,9 +114,11 @@ def with_user(dsn: str, user: str) -> str:
         (
             "no permission to migrate",
             r"^ticklock could not start: InsufficientPrivilegeError: permission denied for "
-            r"database postgres: ticklock could not create its tables in schema 't_[0-9a-f]+': "
-            r"grant the DSN's user CREATE on the database, or run 'ticklock migrate' once as a "
-            r"user who may$",
+            r"database postgres: the DSN's user needs CREATE on the database, for ticklock to "
+            r"create its tables in schema 't_[0-9a-f]+'; or, once 'ticklock migrate' has "
+            r"created them as another user: GRANT USAGE ON SCHEMA t_[0-9a-f]+, GRANT SELECT, "
+            r"INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA t_[0-9a-f]+ and GRANT USAGE ON ALL "
+            r"SEQUENCES IN SCHEMA t_[0-9a-f]+ to it$",
         ),
     ],
 )
@@ -154,3 +156,51 @@ async def test_a_tick_while_the_database_is_down_is_an_error_not_a_crash() -> No
     assert result.outcome is Outcome.ERROR
     assert result.error is not None
     assert result.error.startswith("DatabaseUnavailable: the database is not available")
+
+
+async def test_a_host_that_accepts_and_never_answers_does_not_hold_up_the_start() -> None:
+    # asyncpg waits 60 s for a connection by default: the app would not start for a minute.
+    async def silent(stream: Any) -> None:
+        async with stream:
+            await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, silent)
+        scheduler = Scheduler(f"postgresql://app@127.0.0.1:{port}/app", shutdown_grace=1)
+        started = anyio.current_time()
+        with anyio.fail_after(15):
+            async with scheduler:
+                pass
+        assert anyio.current_time() - started < 10
+        tg.cancel_scope.cancel()
+
+
+async def test_a_dsn_option_asyncpg_refuses_fails_the_start(pg_dsn: str) -> None:
+    scheduler = Scheduler(pg_dsn + "?sslmode=bogus")
+    with (
+        anyio.fail_after(10),
+        pytest.raises(StartupError, match=r"^ticklock could not start: ClientConfigurationError"),
+    ):
+        async with scheduler:
+            pass
+
+
+async def test_a_user_without_rights_on_the_tables_gets_the_grants_to_make(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # An administrator ran 'ticklock migrate'; the app's own user may connect, and no more.
+    from ticklock._postgres.sql import migrate
+
+    await migrate(pg_conn, pg_schema)
+    role = f"{pg_schema}_app"
+    await pg_conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        scheduler = Scheduler(with_user(pg_dsn, role), schema=pg_schema)
+        with anyio.fail_after(10), pytest.raises(StartupError) as raised:
+            async with scheduler:
+                pass
+        assert f"GRANT USAGE ON SCHEMA {pg_schema}" in str(raised.value)
+    finally:
+        await pg_conn.execute(f"DROP ROLE {role}")

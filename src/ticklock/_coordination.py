@@ -119,6 +119,10 @@ class Coordinator(Protocol):
         """``Outcome.ERROR`` if ``exc`` means coordination was lost (outage, killed session)."""
         ...
 
+    def explain(self, exc: BaseException) -> str:
+        """One line for an error that waiting cannot fix: its cause, and the fix."""
+        ...
+
 
 class _LocalAttempt:
     __slots__ = ("_coordinator", "_job_id", "acquired", "conn", "state")
@@ -175,3 +179,7 @@ class LocalCoordinator:
     def classify(self, exc: BaseException) -> Outcome | None:
         """Local mode has no coordination to lose."""
         return None
+
+    def explain(self, exc: BaseException) -> str:
+        """Local mode fails only for errors of its own."""
+        return f"ticklock could not start: {type(exc).__name__}: {exc}"

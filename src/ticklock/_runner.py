@@ -139,7 +139,9 @@ class Runner:
                 attempt = await self.coordinator.attempt(job.id, job.timeout)
                 await self._hold(job, attempt, run, started, manual, number)
             overran = scope.cancel_called or clock.monotonic() >= deadline
-            if overran and run.outcome in (None, Outcome.SUCCESS):
+            if overran and attempt is None:  # the database did not answer in time
+                run.fail(Outcome.ERROR, None, f"no database connection within {job.timeout:g} s")
+            elif overran and run.outcome in (None, Outcome.SUCCESS):
                 error = f"timed out after {job.timeout:g} s"
                 # the traceback of the cancellation says where the handler was waiting
                 where = None if run.exc is None else run.exc.__traceback__
@@ -217,7 +219,7 @@ class Runner:
         try:
             if report is not None:
                 _check_report(report)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             run.fail(
                 Outcome.FAILURE,
                 exc,

@@ -256,13 +256,14 @@ class Scheduler:
             )
             await self._coordinator.open()
             try:
+                states = await self._first_load()
                 async with anyio.create_task_group() as tg:
                     self._runs = Runs()
                     await tg.start(self._runs.serve)
                     # beside the runs, so that their timeouts fire while they drain
                     self._runs.service(self._dispatcher.run, "ticklock.dispatcher")
                     try:
-                        await self._serve(tg, task_status)
+                        await self._serve(tg, states, task_status)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await self._drain()
@@ -288,9 +289,20 @@ class Scheduler:
                 "(use one 'async with scheduler' or one 'await scheduler.run()')"
             )
 
-    async def _serve(self, tg: TaskGroup, task_status: TaskStatus[None]) -> None:
+    async def _first_load(self) -> dict[str, FleetState] | None:
+        """The fleet's state at start (``None`` while the database does not answer); an error
+        that waiting cannot fix (no permission on the tables, say) fails the start."""
+        if not self._coordinator.ready:
+            return None
+        try:
+            return await self._load()
+        except Exception as exc:
+            raise StartupError(self._coordinator.explain(exc)) from exc
+
+    async def _serve(
+        self, tg: TaskGroup, states: dict[str, FleetState] | None, task_status: TaskStatus[None]
+    ) -> None:
         entries = self._entries.values()
-        states = await self._load() if self._coordinator.ready else None
         # Plan from when the fleet's state is known, not from before it was read: a first
         # slot planned before the load would start late by however long the load took.
         now = self._clock.now()
@@ -327,7 +339,11 @@ class Scheduler:
         states = None
         while states is None:
             await self._coordinator.connect()
-            states = await self._load()
+            try:
+                states = await self._load()
+            except Exception as exc:  # e.g. no permission on the tables: say so, try later
+                logger.error("%s", self._coordinator.explain(exc))
+                await self._clock.sleep_until(self._clock.monotonic() + _LOAD_RETRY)
         now = self._clock.now()
         for entry in self._entries.values():
             entry.state = states.get(entry.job.id)
@@ -480,6 +496,7 @@ class Scheduler:
 
 
 _RETENTION = "ticklock.retention"
+_LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an error
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
 
 

@@ -213,16 +213,24 @@ async def _run(
     """Call ``handler`` under its timeout, in a transaction on ``ctx.conn`` if there is one."""
     from ._runner import _check_report  # the scheduler's own test of a storable report
 
-    tx = None if ctx.conn is None else ctx.conn.transaction()
-    if tx is not None:
+    conn = ctx.conn
+    tx = None if conn is None else conn.transaction()
+    if conn is not None and tx is not None:
         await tx.start()
+        began = await conn.fetchval("SELECT now()")  # the transaction's start
     try:
         with anyio.fail_after(limit):
             report = await handler(ctx)
+        if conn is not None and not await conn.fetchval("SELECT now() = $1", began):
+            raise RuntimeError(
+                f"run_job: job {ctx.job_id!r}: the handler ended the transaction (a COMMIT "
+                "or ROLLBACK through ctx.conn); a scheduled tick would end as error, "
+                "without marking its slot done"
+            )
         if report is not None:
             try:
                 _check_report(report)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:
                 raise ValueError(
                     f"run_job: job {ctx.job_id!r}: the report is not JSON-serialisable "
                     f"({exc}); the scheduler would record the run as a failure"

@@ -9,6 +9,9 @@ transaction itself). A pool the user passes keeps its own reset.
 
 from __future__ import annotations
 
+import inspect
+import re
+from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +20,9 @@ if TYPE_CHECKING:
 
 MAX_SIZE = 10
 """Connections of the pool ticklock creates: one per tick in flight, opened on demand."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds a new connection may take (asyncpg's default, 60 s, would hold up an app's start
+for a minute when the database's host accepts connections and never answers)."""
 
 _PLAIN = frozenset(
     {
@@ -41,6 +47,12 @@ _PLAIN = frozenset(
 (``prepare``, ``cursor``, ``add_listener``, ``set_type_codec``, ...) can leave an object or a
 callback bound to the connection, which no SQL reset removes: the connection is then closed
 after the tick instead of reused, and what the handler kept fails with it."""
+
+
+_SQL = frozenset({"execute", "executemany", "fetch", "fetchmany", "fetchrow", "fetchval"})
+_RESETS = re.compile(r"\b(DEALLOCATE|DISCARD)\b", re.IGNORECASE)
+"""Statements that drop prepared statements, asyncpg's own among them (its client-side cache
+would then name statements the session no longer has)."""
 
 
 class ConnectionLease:
@@ -75,9 +87,21 @@ class ConnectionLease:
 
         def lent(*args: Any, **kwargs: Any) -> Any:
             self._lent(name)  # raises once the tick has ended
-            return value(*args, **kwargs)
+            if name in _SQL and args and isinstance(args[0], str) and _RESETS.search(args[0]):
+                self.retire = True  # it may drop asyncpg's own prepared statements
+            result = value(*args, **kwargs)
+            # asyncpg's methods send their statement when awaited: check again then
+            return self._guard(name, result) if inspect.iscoroutine(result) else result
 
         return lent
+
+    async def _guard(self, name: str, statement: Coroutine[Any, Any, Any]) -> Any:
+        try:
+            self._lent(name)
+        except BaseException:
+            statement.close()
+            raise
+        return await statement
 
     def _lent(self, name: str) -> asyncpg.Connection[Any]:
         con = self._con
@@ -172,6 +196,7 @@ async def connect(
     """
     import asyncpg
 
+    options.setdefault("timeout", CONNECT_TIMEOUT)
     if unnamed is None:
         con = await asyncpg.connect(dsn, **options)
         # a simple query (no statement to prepare): "SELECT 1" when the pids match
@@ -184,16 +209,24 @@ async def connect(
     return await asyncpg.connect(dsn, statement_cache_size=0, **options), True
 
 
-async def create_pool(dsn: str | None) -> asyncpg.Pool[Any]:
+class Pooler:
+    """What the first connection of a pool found: ``unnamed`` is true behind a transaction-mode
+    pooler (statements are prepared unnamed), ``None`` until a connection was made."""
+
+    __slots__ = ("unnamed",)
+
+    def __init__(self) -> None:
+        self.unnamed: bool | None = None
+
+
+async def create_pool(dsn: str | None, pooler: Pooler) -> asyncpg.Pool[Any]:
     """asyncpg's pool for ``Scheduler(dsn)``: no connection until one is needed (the database
-    may be down at start), pooler detection on the first, and no reset of its own."""
+    may be down at start), pooler detection on the first (into ``pooler``), and no reset of
+    its own."""
     import asyncpg
 
-    unnamed: bool | None = None
-
     async def connect_one(*args: Any, **options: Any) -> asyncpg.Connection[Any]:
-        nonlocal unnamed
-        con, unnamed = await connect(dsn, unnamed, **options)
+        con, pooler.unnamed = await connect(dsn, pooler.unnamed, **options)
         return con
 
     return await asyncpg.create_pool(

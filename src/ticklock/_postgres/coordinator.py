@@ -52,7 +52,7 @@ from .._errors import (
 from .._job import Job, Outcome, RunResult
 from .._lock_key import lock_key
 from .._plan import overdue_at
-from .connection import ConnectionLease, create_pool
+from .connection import ConnectionLease, Pooler, create_pool
 from .sql import Statements, migrate
 
 if TYPE_CHECKING:
@@ -121,7 +121,11 @@ class _PgAttempt:
     async def commit(self, result: RunResult, job: Job) -> None:
         report = None if result.report is None else json.dumps(result.report)
         with self._coordinator.shielded():
-            await self._write(result, report, overdue_at(job, result.finished_at))
+            try:
+                await self._write(result, report, overdue_at(job, result.finished_at))
+            except Exception as exc:
+                self._coordinator.lost(exc)
+                raise
         if self._open:  # the cleanup bound cut it short: never report that as a success
             raise TimeoutError(
                 f"the commit did not finish within {CLEANUP_SECONDS:g} s (a stalled server "
@@ -174,7 +178,7 @@ class _PgAttempt:
         # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
         # commit, so a run is never recorded as failed after its writes committed.
         if self._lease.used:
-            status = await self._con.execute(RESET + "COMMIT" + LEFTOVERS)
+            status = await self._con.execute(self._coordinator.reset() + "COMMIT" + LEFTOVERS)
             self._lease.retire |= status == "SELECT 1"
         else:
             await self._con.execute("COMMIT")
@@ -192,7 +196,8 @@ class _PgAttempt:
                 try:
                     # after ROLLBACK: an aborted transaction accepts no other statement
                     if lease.used:
-                        status = await con.execute("ROLLBACK; " + RESET + LEFTOVERS[2:])
+                        reset = c.reset()
+                        status = await con.execute("ROLLBACK; " + reset + LEFTOVERS[2:])
                         lease.retire |= status == "SELECT 1"
                     else:
                         await con.execute("ROLLBACK")
@@ -226,6 +231,7 @@ class PostgresCoordinator:
     ) -> None:
         self._dsn = dsn
         self._given = pool is not None  # a pool the user passed is never closed here
+        self._pooler = Pooler()
         self.pool: asyncpg.Pool[Any] | None = pool
         """The pool ticks use: the user's, or the one ticklock creates from ``dsn``."""
         self.namespace = namespace
@@ -246,13 +252,13 @@ class PostgresCoordinator:
         """Create the pool (unless one was given), then migrate and check the clock, or note
         that the database does not answer yet (see the class docstring)."""
         if self.pool is None:
-            self.pool = await create_pool(self._dsn)
+            self.pool = await create_pool(self._dsn, self._pooler)
         try:
             await self._prepare()
         except Exception as exc:
             if self._require_database or not self.classify(exc):
                 await self.close()
-                raise StartupError(self._explain(exc)) from exc
+                raise StartupError(self.explain(exc)) from exc
             self._down(exc)
 
     async def connect(self) -> None:
@@ -305,7 +311,8 @@ class PostgresCoordinator:
             )
             self._down_since = None
 
-    def _explain(self, exc: BaseException) -> str:
+    def explain(self, exc: BaseException) -> str:
+        """One line for an error that waiting cannot fix: its cause, and the fix."""
         import asyncpg
 
         cause = _describe(exc)
@@ -316,16 +323,30 @@ class PostgresCoordinator:
         elif isinstance(exc, asyncpg.InvalidCatalogNameError):
             fix = "create the database, or correct its name in the DSN"
         elif isinstance(exc, asyncpg.InsufficientPrivilegeError):
+            s = self.schema
             fix = (
-                f"ticklock could not create its tables in schema {self.schema!r}: grant "
-                "the DSN's user CREATE on the database, or run 'ticklock migrate' once as a "
-                "user who may"
+                f"the DSN's user needs CREATE on the database, for ticklock to create its "
+                f"tables in schema {s!r}; or, once 'ticklock migrate' has created them as "
+                f"another user: GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, "
+                f"DELETE ON ALL TABLES IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN "
+                f"SCHEMA {s} to it"
             )
         elif self.classify(exc):
             fix = "the database did not answer, and require_database=True fails start-up"
         else:
             fix = "ticklock cannot work with this database"
         return f"ticklock could not start: {cause}: {fix}"
+
+    def lost(self, exc: Exception) -> None:
+        """Note that a statement found ticklock's tables missing (a database restored or
+        replaced without them): the next tick migrates again."""
+        if getattr(exc, "sqlstate", None) in _MISSING:
+            self.ready = False
+
+    def reset(self) -> str:
+        """:data:`RESET`, and behind a pooler (where ticklock prepares nothing by name, and a
+        retired client connection does not end the server session) ``DEALLOCATE ALL``."""
+        return RESET + "DEALLOCATE ALL; " if self._pooler.unnamed else RESET
 
     def shielded(self) -> anyio.CancelScope:
         """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
@@ -453,8 +474,8 @@ class PostgresCoordinator:
         except BaseException as exc:
             if isinstance(exc, Exception) and self.classify(exc):
                 self._down(exc)
-            if isinstance(exc, Exception) and getattr(exc, "sqlstate", None) in _MISSING:
-                self.ready = False  # a database restored without ticklock's tables: migrate
+            if isinstance(exc, Exception):
+                self.lost(exc)
             await attempt.close()
             raise
 
@@ -483,6 +504,8 @@ class PostgresCoordinator:
         """``ERROR`` when ``exc`` means the session or the server was lost (or not there)."""
         import asyncpg
 
+        if isinstance(exc, asyncpg.ClientConfigurationError):
+            return None  # a DSN option asyncpg refuses: waiting cannot fix it
         if isinstance(exc, (OSError, asyncpg.InterfaceError, SlotAlreadyCommitted)):
             return Outcome.ERROR
         if isinstance(exc, asyncpg.PostgresError):

@@ -82,12 +82,17 @@ async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
     s = quote(schema)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
-        if await conn.fetchval("SELECT to_regclass($1) IS NULL", f"{s}.schema_version"):
+        absent = await conn.fetchval(
+            "SELECT count(*) FILTER (WHERE to_regclass(t) IS NULL) FROM unnest($1::text[]) AS t",
+            [f"{s}.{table}" for table in ("schema_version", "jobs", "runs")],
+        )
+        if absent:  # all of them (a new schema), or some dropped: create what is missing
             await conn.execute(migration(schema))
-            return "created"
+            if absent == 3:
+                return "created"
         version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
         if version >= VERSION:
-            return "current"
+            return "upgraded" if absent else "current"
         steps = upgrades(schema)
         for step in range(version, VERSION):
             await conn.execute(steps[step])
@@ -159,13 +164,14 @@ WITH guard AS (
     SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb FROM j
 )
 SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
-        # A failure's end moves the fixed delay, but never into the database's future.
-        end = f"least($4::timestamptz, clock_timestamp() + interval '{FUTURE_LIMIT:g} s')"
+        # A failure from a replica whose clock runs ahead is recorded, but it moves neither
+        # the fixed delay nor the slot to retry: the healthy replicas go on running the job.
+        sane = f"$4::timestamptz <= clock_timestamp() + interval '{FUTURE_LIMIT:g} s'"
         self.failure = f"""
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
         consecutive_failures, failed_slot, failed_attempts, updated_at)
-    VALUES ($1, $2, {end}, $6, 1, $3, 1, now())
+    SELECT $1, $2, $4, $6, 1, $3, 1, now() WHERE {sane}
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
         last_outcome = EXCLUDED.last_outcome,
