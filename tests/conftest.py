@@ -7,6 +7,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,11 @@ async def pg_conn(pg_dsn: str) -> AsyncIterator[object]:
         yield conn
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def table(pg_conn: Any, pg_schema: str) -> str:
+    """A table ``<schema>.items (slot, note)`` in this test's own schema, for handlers to write."""
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
+    return f"{pg_schema}.items"

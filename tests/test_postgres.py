@@ -22,13 +22,6 @@ from ticklock.testing import ManualClock
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 
-@pytest.fixture
-async def table(pg_conn: Any, pg_schema: str) -> str:
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
-    return f"{pg_schema}.items"
-
-
 async def count(conn: Any, sql: str, *args: object) -> int:
     return int(await conn.fetchval(sql, *args))
 

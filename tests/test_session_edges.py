@@ -16,13 +16,6 @@ from ticklock.testing import ManualClock
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 
-@pytest.fixture
-async def table(pg_conn: Any, pg_schema: str) -> str:
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(f"CREATE TABLE {pg_schema}.items (slot timestamptz, note text)")
-    return f"{pg_schema}.items"
-
-
 def rare() -> Any:
     """A trigger that never fires during a test: runs come from run_now()."""
     return every(3600, initial_delay=3000)

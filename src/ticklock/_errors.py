@@ -71,3 +71,9 @@ class ClockAhead(RuntimeError):
 
 class DatabaseUnavailable(ConnectionError):
     """The database does not answer: ticks end as ``error`` until it does."""
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as one line for a run's record and the logs: ``Type: message``."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -21,6 +21,7 @@ from . import _plan
 from ._clock import Clock
 from ._coordination import Attempt, Coordinator, FleetState
 from ._dispatcher import Dispatcher, watch
+from ._errors import describe
 from ._job import Job, JobContext, Outcome, RunResult
 from ._telemetry import JOB_ID, Telemetry, logger
 
@@ -50,11 +51,6 @@ def _cancel_requested() -> bool:
     except RuntimeError:  # no asyncio loop: trio
         return True
     return task is None or task.cancelling() > 0
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash
@@ -158,7 +154,7 @@ class Runner:
             raise
         except Exception as exc:
             kind = self.coordinator.classify(exc) or Outcome.ERROR
-            run.fail(kind, exc, _describe(exc))
+            run.fail(kind, exc, describe(exc))
         return await self._finish(job, run, started, attempt, span, jitter, lateness)
 
     async def _hold(
@@ -200,7 +196,7 @@ class Runner:
             report = await watch(job.func(ctx), job.id, self.dispatcher.blocked)
         except Exception as exc:
             kind = self.coordinator.classify(exc) or Outcome.FAILURE
-            run.fail(kind, exc, _describe(exc))
+            run.fail(kind, exc, describe(exc))
             return
         except anyio.get_cancelled_exc_class() as exc:
             if _cancel_requested():
@@ -223,7 +219,7 @@ class Runner:
             run.fail(
                 Outcome.FAILURE,
                 exc,
-                f"the report is not JSON-serialisable ({_describe(exc)}); return None, or "
+                f"the report is not JSON-serialisable ({describe(exc)}); return None, or "
                 "a dict/list of str (no NUL, no unpaired surrogate), int, finite float, bool "
                 "and None",
             )

@@ -48,6 +48,7 @@ from .._errors import (
     SlotAlreadyCommitted,
     StartupError,
     TransactionEnded,
+    describe,
 )
 from .._job import Job, Outcome, RunResult
 from .._lock_key import lock_key
@@ -293,7 +294,7 @@ class PostgresCoordinator:
         wait = self._retry_delay * self._random.uniform(0.5, 1.0)
         self._retry_at = self._clock.monotonic() + wait
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
-        cause = _describe(exc)
+        cause = describe(exc)
         if self._down_since is None or type(exc).__name__ not in self._cause:
             logger.warning(
                 "the database is unavailable (%s): ticks end as 'error' until it answers",
@@ -315,7 +316,7 @@ class PostgresCoordinator:
         """One line for an error that waiting cannot fix: its cause, and the fix."""
         import asyncpg
 
-        cause = _describe(exc)
+        cause = describe(exc)
         if isinstance(
             exc, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
         ):
@@ -518,11 +519,6 @@ class PostgresCoordinator:
 def _limit_ms(budget: float) -> int:
     """The server-side timeouts of a tick whose job has ``budget`` seconds, in ms."""
     return int((budget + SERVER_GRACE) * 1000)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def storable(text: str) -> str:
