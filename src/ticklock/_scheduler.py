@@ -6,10 +6,10 @@ import contextlib
 import os
 import random as _random
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
@@ -124,8 +124,8 @@ class Scheduler:
 
     @property
     def jobs(self) -> Mapping[str, Job]:
-        """The declared jobs by id (a read-only view)."""
-        return _JobsView(self._entries)
+        """The declared jobs by id (a read-only snapshot)."""
+        return MappingProxyType({job_id: entry.job for job_id, entry in self._entries.items()})
 
     def job(
         self,
@@ -498,24 +498,6 @@ class Scheduler:
 _RETENTION = "ticklock.retention"
 _LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an error
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
-
-
-class _JobsView(Mapping[str, Job]):
-    """A read-only view of the declared jobs."""
-
-    __slots__ = ("_entries",)
-
-    def __init__(self, entries: dict[str, Entry]) -> None:
-        self._entries = entries
-
-    def __getitem__(self, key: str) -> Job:
-        return self._entries[key].job
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def _future(state: FleetState, now: datetime) -> bool:

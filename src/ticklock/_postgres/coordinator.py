@@ -6,7 +6,7 @@ query, (2) read the fleet state (a fresh snapshot, taken after the lock), then t
 the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
 
 A handler that used ``ctx.conn`` may have left session state: settings, a role, temporary
-tables, cursors, listeners, advisory locks (:data:`RESET` undoes them all), or SQL prepared
+tables, cursors, listeners, advisory locks (``sql.RESET`` undoes them all), or SQL prepared
 statements (``PREPARE``, which no statement can drop without also dropping asyncpg's own):
 the query after the reset says whether any is left, and such a connection is closed instead
 of reused. All of it rides in the same simple query as the tick's COMMIT (the reset just
@@ -54,7 +54,7 @@ from .._job import Job, Outcome, RunResult
 from .._lock_key import lock_key
 from .._plan import overdue_at
 from .connection import ConnectionLease, Pooler, create_pool
-from .sql import Statements, migrate
+from .sql import LEFTOVERS, RESET, Statements, begin, migrate
 
 if TYPE_CHECKING:
     import asyncpg
@@ -75,13 +75,6 @@ wait, doubling up to the cap (each drawn between half and all of it)."""
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
 _LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
 _RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
-RESET = (
-    "SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL; "
-    "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES; "
-)
-"""Undoes the session state a handler can leave (RESET ALL keeps the role: reset apart)."""
-LEFTOVERS = "; SELECT 1 WHERE EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
-"""After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
 _TRANSIENT_CODES = frozenset({"53300", "25006"})  # too many connections; a read-only standby
 _MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
 
@@ -435,18 +428,8 @@ class PostgresCoordinator:
         return states
 
     def _begin(self, job_id: str, budget: float) -> str:
-        ms = _limit_ms(budget)
-        key = lock_key(self.namespace, job_id)  # an int we computed: safe to inline
-        if self._transaction_timeout:  # PG 17+: bounds the whole transaction, idle or busy
-            limits = f"SET LOCAL transaction_timeout = {ms}; "
-        else:
-            limits = (
-                f"SET LOCAL statement_timeout = {ms}; "
-                f"SET LOCAL idle_in_transaction_session_timeout = {ms}; "
-            )
-        # The status tag of the last statement says whether the lock was taken: "SELECT 1"
-        # or "SELECT 0". No error is raised for a held lock, so the server logs nothing.
-        return f"BEGIN; {limits}SELECT 1 WHERE pg_try_advisory_xact_lock({key})"
+        key = lock_key(self.namespace, job_id)
+        return begin(key, _limit_ms(budget), transaction_timeout=self._transaction_timeout)
 
     async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""

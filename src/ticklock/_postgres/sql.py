@@ -182,3 +182,27 @@ WITH j AS (
 )
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error)
 VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
+
+
+RESET = (
+    "SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL; "
+    "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES; "
+)
+"""Undoes the session state a handler can leave (RESET ALL keeps the role: reset apart)."""
+LEFTOVERS = "; SELECT 1 WHERE EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
+"""After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
+
+
+def begin(key: int, limit_ms: int, *, transaction_timeout: bool) -> str:
+    """A tick's first query: BEGIN, the server-side timeouts (``transaction_timeout`` on
+    PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), and the
+    lock. Its status tag says whether the lock was taken: ``SELECT 1`` or ``SELECT 0`` (a held
+    lock raises no error, so the server logs nothing). ``key`` is an int: safe to inline."""
+    if transaction_timeout:
+        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
+    else:
+        limits = (
+            f"SET LOCAL statement_timeout = {limit_ms}; "
+            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
+        )
+    return f"BEGIN; {limits}SELECT 1 WHERE pg_try_advisory_xact_lock({key})"
