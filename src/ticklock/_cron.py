@@ -1,16 +1,9 @@
-"""Five-field Vixie cron: parsing, matching in local wall time, and the DST rule.
+"""Five-field Vixie cron: parsing, matching in naive local wall time, and the DST rule.
 
-The matcher walks *naive* local wall time minute by minute (skipping whole months, days
-and hours that cannot match) and maps each match to UTC with :mod:`zoneinfo`:
-
-* a wall time that happens twice (fall back): *wildcard* expressions (minute or hour field
-  starting with ``*``) fire at every real occurrence, the others once, at the first;
-* a wall time that does not exist (spring forward): wildcard expressions skip it, the
-  others fire once at the first real instant after the gap (collapsing with any other fire
-  at that instant).
-
-This is the rule of Vixie/ISC cron and cronie. croniter is not used: on aware datetimes it
-fires a daily 02:30 job twice at fall back and it accepts fields Vixie cron refuses.
+Each matching wall time maps to UTC with :mod:`zoneinfo` by the Vixie/ISC cron rule
+(DESIGN.md section 3): a repeated wall time fires at every occurrence for *wildcard*
+expressions (minute or hour field starting with ``*``), else once at the first; a wall time
+in a gap is skipped by wildcard expressions, else fires once at the gap's end.
 """
 
 from __future__ import annotations
@@ -50,13 +43,14 @@ _LAST_MINUTE = datetime(9999, 12, 31, 23, 59)  # the last wall time a datetime h
 _HORIZON_YEARS = 29
 
 
+def _field_error(field: str, problem: str) -> ScheduleError:
+    return ScheduleError(f"cron {field} field: {problem}", field="expr")
+
+
 def _is_number(token: str, field: str) -> bool:
     """Whether ``token`` is ASCII digits; other digits (``²``, ``１``) are refused, not read."""
     if token.isdigit() and not token.isascii():
-        raise ScheduleError(
-            f"cron {field} field: {token!r} has non-ASCII digits; write numbers with 0-9",
-            field="expr",
-        )
+        raise _field_error(field, f"{token!r} has non-ASCII digits; write numbers with 0-9")
     return token.isdigit()
 
 
@@ -66,12 +60,10 @@ def _value(token: str, field: str, low: int, high: int, names: tuple[str, ...]) 
         return names.index(lowered) + (1 if field == "month" else 0)
     if not _is_number(token, field):
         extra = f" or a name ({', '.join(names)})" if names else ""
-        raise ScheduleError(f"cron {field} field: {token!r} is not a number{extra}", field="expr")
+        raise _field_error(field, f"{token!r} is not a number{extra}")
     number = int(token)
     if not low <= number <= high:
-        raise ScheduleError(
-            f"cron {field} field: {number} is out of range {low}-{high}", field="expr"
-        )
+        raise _field_error(field, f"{number} is out of range {low}-{high}")
     return number
 
 
@@ -79,15 +71,12 @@ def _parse_field(text: str, field: str, low: int, high: int, names: tuple[str, .
     result: set[int] = set()
     for part in text.split(","):
         if not part:
-            raise ScheduleError(f"cron {field} field: empty list element in {text!r}", field="expr")
+            raise _field_error(field, f"empty list element in {text!r}")
         base, slash, step_text = part.partition("/")
         step = 1
         if slash:
             if not _is_number(step_text, field) or int(step_text) == 0:
-                raise ScheduleError(
-                    f"cron {field} field: step {step_text!r} must be a positive number",
-                    field="expr",
-                )
+                raise _field_error(field, f"step {step_text!r} must be a positive number")
             step = int(step_text)
         if base == "*":
             start, stop = low, high
@@ -96,15 +85,13 @@ def _parse_field(text: str, field: str, low: int, high: int, names: tuple[str, .
             start = _value(first, field, low, high, names)
             stop = _value(last, field, low, high, names)
             if start > stop:
-                raise ScheduleError(
-                    f"cron {field} field: range {base!r} runs backwards", field="expr"
-                )
+                raise _field_error(field, f"range {base!r} runs backwards")
         else:
             if slash:
-                raise ScheduleError(
-                    f"cron {field} field: a step needs a range or '*' ({part!r}: "
-                    f"write '{base}-{high}/{step}' or '*/{step}')",
-                    field="expr",
+                raise _field_error(
+                    field,
+                    f"a step needs a range or '*' ({part!r}: write '{base}-{high}/{step}' "
+                    f"or '*/{step}')",
                 )
             start = stop = _value(base, field, low, high, names)
         result.update(range(start, stop + 1, step))
@@ -144,13 +131,12 @@ class CronSpec:
                 field="expr",
             )
         sets = [_parse_field(f, *spec) for f, spec in zip(fields, _FIELDS, strict=True)]
-        weekdays = frozenset(d % 7 for d in sets[4])
         return cls(
             minutes=tuple(sorted(sets[0])),
             hours=tuple(sorted(sets[1])),
             days=frozenset(sets[2]),
             months=frozenset(sets[3]),
-            weekdays=weekdays,
+            weekdays=frozenset(d % 7 for d in sets[4]),
             day_or=not fields[2].startswith("*") and not fields[4].startswith("*"),
             wildcard=fields[0].startswith("*") or fields[1].startswith("*"),
         )
@@ -173,33 +159,23 @@ class CronSpec:
     def next_naive(self, start: datetime) -> datetime | None:
         """The first matching naive wall time at or after ``start`` (a whole minute), or
         ``None`` if none comes within the horizon or before the end of year 9999."""
-        try:
-            return self._next_naive(start)
-        except (OverflowError, ValueError):  # a step past 9999-12-31: the calendar is over
-            return None
-
-    def _next_naive(self, start: datetime) -> datetime | None:
         t = start
-        limit = start.year + _HORIZON_YEARS
-        while t.year <= limit:
-            if t.month not in self.months:
-                year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
-                t = datetime(year, month, 1)
-                continue
-            if not self.day_matches(t):
-                t = datetime(t.year, t.month, t.day) + timedelta(days=1)
-                continue
-            i = bisect.bisect_left(self.hours, t.hour)
-            if i == len(self.hours):
-                t = datetime(t.year, t.month, t.day) + timedelta(days=1)
-                continue
-            if self.hours[i] != t.hour:
-                t = t.replace(hour=self.hours[i], minute=0)
-            j = bisect.bisect_left(self.minutes, t.minute)
-            if j == len(self.minutes):
-                t = t.replace(minute=0) + timedelta(hours=1)
-                continue
-            return t.replace(minute=self.minutes[j])
+        try:  # a step past 9999-12-31 raises: the calendar is over
+            while t.year <= start.year + _HORIZON_YEARS:
+                i = bisect.bisect_left(self.hours, t.hour)
+                if t.month not in self.months:
+                    t = datetime(t.year + t.month // 12, t.month % 12 + 1, 1)
+                elif not self.day_matches(t) or i == len(self.hours):
+                    t = datetime(t.year, t.month, t.day) + timedelta(days=1)
+                else:
+                    if self.hours[i] != t.hour:
+                        t = t.replace(hour=self.hours[i], minute=0)
+                    j = bisect.bisect_left(self.minutes, t.minute)
+                    if j < len(self.minutes):
+                        return t.replace(minute=self.minutes[j])
+                    t = t.replace(minute=0) + timedelta(hours=1)
+        except (OverflowError, ValueError):
+            return None
         return None
 
     def naive_matches(self, start: datetime) -> Iterator[datetime]:
@@ -223,17 +199,14 @@ def instants(local: datetime, zone: ZoneInfo, wildcard: bool) -> tuple[datetime,
         late = local.replace(tzinfo=zone, fold=1).astimezone(timezone.utc)
     except OverflowError:  # before year 1 or after 9999 in UTC: not an instant a datetime holds
         return ()
+    low, high = sorted((early, late))
     early_ok = early.astimezone(zone).replace(tzinfo=None) == local
     late_ok = late.astimezone(zone).replace(tzinfo=None) == local
     if early_ok and late_ok:
-        if early == late or not wildcard:
-            return (min(early, late),)
-        return (min(early, late), max(early, late))
+        return (low,) if low == high or not wildcard else (low, high)
     if early_ok or late_ok:  # pragma: no cover - zoneinfo keeps fold=0 valid for normal times
         return (early if early_ok else late,)
-    if wildcard:
-        return ()
-    return (_gap_end(min(early, late), max(early, late), zone),)
+    return () if wildcard else (_gap_end(low, high, zone),)
 
 
 def _gap_end(low: datetime, high: datetime, zone: ZoneInfo) -> datetime:
