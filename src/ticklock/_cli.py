@@ -1,14 +1,10 @@
-"""The command line: ``ticklock run|jobs|status|migrate|demo`` (also ``python -m ticklock``).
-
-Exit codes: 0 success (``status``: no job overdue), 1 ``status`` found an overdue job or no
-job at all, 2 bad usage or an error (unreachable database, an import that fails, tables that
-``migrate`` has not created).
-"""
+"""The command line: ``ticklock run|jobs|status|migrate|demo`` (also ``python -m ticklock``)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -16,19 +12,20 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
+from itertools import islice
 from typing import Any
 
 import anyio
 
 from ._errors import ScheduleError, StartupError
 from ._job import Job
+from ._logging import FORMAT
 from ._scheduler import Scheduler
 from ._triggers import Cron, Every
 from ._validate import dsn as valid_dsn
 from ._validate import redact
 
-EXIT_OK, EXIT_OVERDUE, EXIT_ERROR = 0, 1, 2
-EXIT_NOT_FOUND = 1
+EXIT_OK, EXIT_NOT_OK, EXIT_ERROR = 0, 1, 2  # 1: ``status`` found an overdue job, or no job
 BUILT_IN = ("ticklock.retention",)
 """The jobs ticklock adds itself (in PostgreSQL mode), labelled ``(built-in)``."""
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -65,8 +62,8 @@ def load_scheduler(target: str) -> Scheduler:
 
 
 def _where(exc: BaseException) -> str:
-    """`` (file:line)`` of the innermost frame of ``exc`` outside the import machinery and
-    ticklock (the user's line that raised it, or called ticklock), or ``""``."""
+    """`` (file:line)`` of the user's innermost frame in ``exc`` (outside the import machinery
+    and ticklock), or ``""``."""
     machinery = tuple(os.path.join(os.path.dirname(f), "") for f in (importlib.__file__, __file__))
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if not frame.filename.startswith(("<", *machinery)):
@@ -123,17 +120,14 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
         print(f"{label(job.id)}: {job.trigger.describe()}, timeout {job.timeout:g}s{state}")
         if not job.enabled:
             continue
-        zone = job.trigger.zone if isinstance(job.trigger, Cron) else None
-        for n, fire in zip(range(args.count), first_fires(job, now), strict=False):
-            local = (
-                f"  ({fire.astimezone(zone).isoformat(timespec='seconds')} {zone.key})"
-                if zone
-                else ""
-            )
+        for n, fire in enumerate(islice(first_fires(job, now), args.count)):
             note = ""
-            if n == 0 and isinstance(job.trigger, Every):
+            if isinstance(job.trigger, Cron):
+                zone = job.trigger.zone
+                note = f"  ({fire.astimezone(zone).isoformat(timespec='seconds')} {zone.key})"
+            elif n == 0 and isinstance(job.trigger, Every):
                 note = "  (if started now; then one interval after each run ends)"
-            print(f"    {fire.isoformat(timespec='seconds')}{local}{note}")
+            print(f"    {fire.isoformat(timespec='seconds')}{note}")
     return EXIT_OK
 
 
@@ -156,13 +150,18 @@ async def _status(args: argparse.Namespace) -> int:
             args.namespace,
             FUTURE_LIMIT,
         )
-        others = (
-            []
-            if rows
-            else await conn.fetch(
+        if not rows:
+            others = await conn.fetch(
                 f"SELECT DISTINCT namespace FROM {quote(args.schema)}.jobs ORDER BY namespace"
             )
-        )
+            found = ", ".join(repr(r["namespace"]) for r in others)
+            print(
+                f"ticklock: no jobs in namespace {args.namespace!r} (schema {args.schema!r}): "
+                "no scheduler of that namespace has started on this database"
+                + (f"; namespaces with jobs: {found}" if found else ""),
+                file=sys.stderr,
+            )
+            return EXIT_NOT_OK
     except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
         raise CommandError(
             f"no ticklock tables in schema {args.schema!r} of this database: run "
@@ -171,38 +170,20 @@ async def _status(args: argparse.Namespace) -> int:
         ) from None
     finally:
         await conn.close()
-    if not rows:
-        found = ", ".join(repr(r["namespace"]) for r in others)
-        print(
-            f"ticklock: no jobs in namespace {args.namespace!r} (schema {args.schema!r}): no "
-            "scheduler of that namespace has started on this database"
-            + (f"; namespaces with jobs: {found}" if found else ""),
-            file=sys.stderr,
-        )
-        return EXIT_NOT_FOUND
-    overdue = 0
     width = max(40, *(len(label(row["job_id"])) for row in rows))
     print(f"{'job':<{width}} {'last success':<25} {'last outcome':<12} {'fails':>5}  status")
     for row in rows:
-        last = (
-            row["last_success_at"].isoformat(timespec="seconds")
-            if row["last_success_at"]
-            else "never"
-        )
+        when = row["last_success_at"]
+        last = when.isoformat(timespec="seconds") if when else "never"
         flag = "FUTURE" if row["future"] else "OVERDUE" if row["overdue"] else "ok"
-        overdue += bool(row["overdue"] or row["future"])
         print(
             f"{label(row['job_id']):<{width}} {last:<25} {row['last_outcome'] or '-':<12} "
             f"{row['consecutive_failures']:>5}  {flag}"
         )
-    return EXIT_OVERDUE if overdue else EXIT_OK
+    return EXIT_NOT_OK if any(row["overdue"] or row["future"] for row in rows) else EXIT_OK
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    return anyio.run(_status, args)
-
-
-async def _migrate(args: argparse.Namespace) -> None:
+async def _migrate(args: argparse.Namespace) -> int:
     from ._postgres.connection import connect
     from ._postgres.sql import VERSION, migrate
 
@@ -218,17 +199,13 @@ async def _migrate(args: argparse.Namespace) -> None:
         print(f"ticklock: upgraded {where} to version {VERSION}")
     else:
         print(f"ticklock: {where} are already at version {VERSION}; nothing to do")
-
-
-def _cmd_migrate(args: argparse.Namespace) -> int:
-    anyio.run(_migrate, args)
     return EXIT_OK
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+async def _demo(args: argparse.Namespace) -> int:
     from ._demo import demo
 
-    anyio.run(demo, args.seconds)
+    await demo(args.seconds)
     return EXIT_OK
 
 
@@ -240,54 +217,49 @@ def _parser() -> argparse.ArgumentParser:
         "error.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def db_options(p: argparse.ArgumentParser, required: bool) -> None:
+    commands = {}
+    for name, helptext, func in (
+        ("run", "run a scheduler from your code as a sidecar process", _cmd_run),
+        ("jobs", "list a scheduler's jobs and their next fire times", _cmd_jobs),
+        ("status", "show the fleet's job state; exit 1 if a job is overdue or none", _status),
+        ("migrate", "create or update ticklock's tables", _migrate),
+        ("demo", "run a demo scheduler in local mode, printing each run", _demo),
+    ):
+        described = name in ("status", "migrate")
+        commands[name] = sub.add_parser(
+            name, help=helptext, description=helptext if described else None
+        )
+        commands[name].set_defaults(func=func, needs_dsn=described)
+    run, jobs, status, migrate, demo = commands.values()
+    run.add_argument(
+        "target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler"
+    )
+    jobs.add_argument("target", help="MODULE:ATTR naming a ticklock.Scheduler")
+    for p in (run, status, migrate):
         p.add_argument(
             "--dsn",
             help="PostgreSQL connection string, e.g. postgresql://user@host/db "
             "(default: $TICKLOCK_DSN)",
         )
-        p.set_defaults(needs_dsn=required)
-
-    p = sub.add_parser("run", help="run a scheduler from your code as a sidecar process")
-    p.add_argument(
-        "target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler"
+    run.add_argument("--log-level", default="INFO", help="log level of the 'ticklock' logger")
+    jobs.add_argument(
+        "--count", type=int, default=5, help="how many fire times to show (default 5)"
     )
-    db_options(p, required=False)
-    p.add_argument("--log-level", default="INFO", help="log level of the 'ticklock' logger")
-    p.set_defaults(func=_cmd_run)
-
-    p = sub.add_parser("jobs", help="list a scheduler's jobs and their next fire times")
-    p.add_argument("target", help="MODULE:ATTR naming a ticklock.Scheduler")
-    p.add_argument("--count", type=int, default=5, help="how many fire times to show (default 5)")
-    p.set_defaults(func=_cmd_jobs)
-
-    for name, helptext, func in (
-        ("status", "show the fleet's job state; exit 1 if a job is overdue or none", _cmd_status),
-        ("migrate", "create or update ticklock's tables", _cmd_migrate),
-    ):
-        p = sub.add_parser(name, help=helptext, description=helptext)
-        db_options(p, required=True)
+    for p in (status, migrate):
         p.add_argument("--schema", default="ticklock", help="schema of ticklock's tables")
-        if name == "status":
-            p.add_argument("--namespace", default="default", help="the application namespace")
-        p.set_defaults(func=func)
-
-    p = sub.add_parser("demo", help="run a demo scheduler in local mode, printing each run")
-    p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
-    p.set_defaults(func=_cmd_demo)
+    status.add_argument("--namespace", default="default", help="the application namespace")
+    demo.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ticklock`` command."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.WARNING, format=FORMAT)
     try:
         _check(args)
-        return int(args.func(args))
+        func = args.func
+        return int(anyio.run(func, args) if inspect.iscoroutinefunction(func) else func(args))
     except (CommandError, ScheduleError) as exc:  # their messages never hold a password
         print(f"ticklock: {exc}", file=sys.stderr)
         return EXIT_ERROR
