@@ -1,8 +1,6 @@
-"""Triggers: small frozen values with one pure method, ``next_fire(after)``.
+"""Triggers: frozen values whose pure ``next_fire(after)`` is the same on every replica.
 
-A trigger holds no mutable "last fire time": every replica computes the same instant from
-the same input. Jitter is a property of the trigger but never part of ``next_fire``; the
-scheduler draws it per run.
+Jitter is never part of ``next_fire``: the scheduler draws it per run.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from ._validate import Duration, seconds
 
 @functools.lru_cache(maxsize=1024)
 def _delta(seconds: float) -> timedelta:
-    """``timedelta(seconds=seconds)``, one object per interval: jobs that share an interval
-    share it (a timedelta per job would cost 48 bytes each; P3)."""
+    """One shared ``timedelta`` per interval (one per job costs 48 bytes each; P3)."""
     return timedelta(seconds=seconds)
 
 
@@ -78,28 +75,29 @@ class Cron:
     def __post_init__(self) -> None:
         spec = _cron.CronSpec.parse(self.expr)
         if not isinstance(self.tz, str) or not self.tz:
-            raise ScheduleError(
-                f"cron(): tz must be an IANA zone name, got {self.tz!r}", field="tz"
-            )
+            raise _error("cron()", f"tz must be an IANA zone name, got {self.tz!r}", "tz")
         try:
             zone = ZoneInfo(self.tz)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ScheduleError(
-                f"cron(): tz {self.tz!r} is not a known IANA zone (e.g. 'Europe/Berlin', 'UTC')",
-                field="tz",
+            raise _error(
+                "cron()",
+                f"tz {self.tz!r} is not a known IANA zone (e.g. 'Europe/Berlin', 'UTC')",
+                "tz",
             ) from None
         shortest = _cron.shortest_period(spec)
         if shortest is None:
             raise ScheduleError(f"cron expression {self.expr!r} never fires", field="expr")
-        if self.jitter >= shortest.total_seconds():
-            raise ScheduleError(
-                f"cron(): jitter ({self.jitter:g} s) must be smaller than the shortest gap "
-                f"between fires ({shortest.total_seconds():g} s)",
-                field="jitter",
+        period = shortest.total_seconds()
+        if self.jitter >= period:
+            raise _error(
+                "cron()",
+                f"jitter ({self.jitter:g} s) must be smaller than the shortest gap between fires "
+                f"({period:g} s)",
+                "jitter",
             )
         object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "zone", zone)
-        object.__setattr__(self, "period", shortest.total_seconds())
+        object.__setattr__(self, "period", period)
 
     def next_fire(self, after: datetime) -> datetime | None:
         """The first fire instant strictly after ``after``, aware, in UTC (jitter not included)."""
@@ -136,38 +134,30 @@ def every(
     shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
     for part, value in shown.items():
         if isinstance(value, float) and not math.isfinite(value):  # timedelta raises a bare error
-            raise ScheduleError(
-                f"every(): interval must be positive and finite, got {part}={value}",
-                field="interval",
-            )
+            raise _error("every()", f"interval must be positive and finite, got {part}={value}")
     try:
         parts = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     except OverflowError:
-        raise ScheduleError(
-            "every(): interval must be at most 100 years, got days/hours/minutes/seconds beyond "
-            "what a timedelta holds",
-            field="interval",
+        raise _error(
+            "every()",
+            "interval must be at most 100 years, got days/hours/minutes/seconds beyond what a "
+            "timedelta holds",
         ) from None
     except TypeError:
-        raise ScheduleError(
-            f"every(): interval must be seconds (a number) or a timedelta, got {shown!r}",
-            field="interval",
-        ) from None
+        message = f"interval must be seconds (a number) or a timedelta, got {shown!r}"
+        raise _error("every()", message) from None
     if interval is not None and parts:
-        raise ScheduleError(
-            "every(): give the interval either positionally or as days/hours/minutes/seconds, "
-            "not both",
-            field="interval",
+        raise _error(
+            "every()",
+            "give the interval either positionally or as days/hours/minutes/seconds, not both",
         )
     total = _seconds(
         interval if interval is not None else parts, "interval", "every()", allow_zero=False
     )
     jitter_s = _seconds(jitter, "jitter", "every()")
     if jitter_s >= total:
-        raise ScheduleError(
-            f"every(): jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)",
-            field="jitter",
-        )
+        message = f"jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)"
+        raise _error("every()", message, "jitter")
     delay = 0.0 if initial_delay is None else _seconds(initial_delay, "initial_delay", "every()")
     return Every(interval=total, jitter=jitter_s, initial_delay=delay)
 
@@ -181,11 +171,15 @@ def cron(expr: str, *, tz: str = "UTC", jitter: Duration = 0) -> Cron:
     return Cron(expr=expr, tz=tz, jitter=_seconds(jitter, "jitter", "cron()"))
 
 
+def _error(where: str, message: str, field: str = "interval") -> ScheduleError:
+    return ScheduleError(f"{where}: {message}", field=field)
+
+
 def _seconds(value: Duration, name: str, where: str, allow_zero: bool = True) -> float:
     try:
         return seconds(value, name, allow_zero=allow_zero)
     except ScheduleError as exc:
-        raise ScheduleError(f"{where}: {exc}", field=name) from None
+        raise _error(where, str(exc), name) from None
 
 
 def _human(value: float) -> str:
