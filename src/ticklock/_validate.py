@@ -6,6 +6,7 @@ import importlib.util
 import math
 import re
 from datetime import timedelta
+from functools import partial
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from ._errors import ScheduleError
@@ -23,43 +24,33 @@ def seconds(
     value: Duration, field: str, *, job_id: str | None = None, allow_zero: bool = True
 ) -> float:
     """Return ``value`` in seconds, refusing non-finite, negative (or zero) values."""
+    error = partial(ScheduleError, job_id=job_id, field=field)
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         result = float(value)
     else:
-        raise ScheduleError(
-            f"{field} must be seconds (a number) or a timedelta, got {value!r}",
-            job_id=job_id,
-            field=field,
-        )
+        raise error(f"{field} must be seconds (a number) or a timedelta, got {value!r}")
     if not math.isfinite(result) or result < 0 or (result == 0 and not allow_zero):
         need = "non-negative" if allow_zero else "positive"
-        raise ScheduleError(
-            f"{field} must be {need} and finite, got {result:g} s", job_id=job_id, field=field
-        )
+        raise error(f"{field} must be {need} and finite, got {result:g} s")
     if result > MAX_SECONDS:
-        raise ScheduleError(
-            f"{field} must be at most 100 years, got {result:g} s", job_id=job_id, field=field
-        )
+        raise error(f"{field} must be at most 100 years, got {result:g} s")
     return result
 
 
 def name(value: object, field: str, *, job_id: str | None = None) -> str:
     """Return ``value`` if it is a non-empty string of at most 200 characters."""
+    error = partial(ScheduleError, job_id=job_id, field=field)
     if not isinstance(value, str) or not value or len(value) > MAX_NAME:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
-        raise ScheduleError(
-            f"{field} must be a non-empty string of at most {MAX_NAME} characters, got {shown!r}",
-            job_id=job_id,
-            field=field,
+        raise error(
+            f"{field} must be a non-empty string of at most {MAX_NAME} characters, got {shown!r}"
         )
     if "\x00" in value:
-        raise ScheduleError(
+        raise error(
             f"{field} must not contain NUL characters (PostgreSQL text cannot store them), "
-            f"got {value!r}",
-            job_id=job_id,
-            field=field,
+            f"got {value!r}"
         )
     return value
 
@@ -114,8 +105,7 @@ def _dsn_problem(text: str) -> str | None:
         if scheme:
             return f"must start with postgresql:// or postgres://, not '{scheme}:'"
         return f"must start with postgresql:// or postgres://; {_EXPECTED}"
-    netloc = parts.netloc
-    hosts = netloc.partition("@")[2] if "@" in netloc else netloc  # asyncpg: the first '@'
+    hosts = parts.netloc.split("@", 1)[-1]  # asyncpg: after the first '@'
     if "@" in hosts:
         return "has more than one '@' before the host: write '@' in the password as %40"
     ports = []
