@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 
 MAX_DEFAULT_TIMEOUT = 300.0
 MAX_TIMEOUT = 2_147_483_647 / 1000 - 1.0
-"""The longest timeout: PostgreSQL holds ``statement_timeout`` and ``transaction_timeout`` as
-int milliseconds (at most 2147483647), and a tick sets them to the timeout plus 1 s."""
+"""PostgreSQL's timeouts are int milliseconds; a tick sets them to the timeout plus 1 s."""
 
 
 class Outcome(str, enum.Enum):
@@ -155,19 +154,19 @@ class Job:
     ) -> Job:
         """Validate a declaration and build the job; raises :class:`ScheduleError`."""
         job_id = name(id if id is not None else _default_id(func), "id")
+
+        def error(field: str, message: str) -> ScheduleError:
+            return ScheduleError(message, job_id=job_id, field=field)
+
         if not isinstance(trigger, (Every, Cron)):
-            raise ScheduleError(
-                f"trigger must be every(...) or cron(...), got {trigger!r}",
-                job_id=job_id,
-                field="trigger",
-            )
+            raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")
         if not callable(func) or not _is_async(func):
-            raise ScheduleError(
-                f"handler {_describe(func)} is not an async function; declare it with "
-                "'async def'. To run blocking code, call it in a worker thread from an async "
-                "handler: 'await anyio.to_thread.run_sync(blocking_function)'",
-                job_id=job_id,
-                field="func",
+            shown = getattr(func, "__qualname__", None) or repr(func)
+            raise error(
+                "func",
+                f"handler {shown} is not an async function; declare it with 'async def'. To run "
+                "blocking code, call it in a worker thread from an async handler: "
+                "'await anyio.to_thread.run_sync(blocking_function)'",
             )
         period = trigger.period
         if timeout is None:
@@ -175,42 +174,32 @@ class Job:
         else:
             limit = seconds(timeout, "timeout", job_id=job_id, allow_zero=False)
             if limit > MAX_TIMEOUT:
-                raise ScheduleError(
+                raise error(
+                    "timeout",
                     f"timeout must be at most {MAX_TIMEOUT:.3f} s (about 24.8 days: PostgreSQL "
                     "holds statement and transaction timeouts up to 2147483647 ms, and ticklock "
                     f"adds 1 s), got {limit:g} s",
-                    job_id=job_id,
-                    field="timeout",
                 )
             if limit >= period:
                 shape = "interval" if isinstance(trigger, Every) else "shortest gap between fires"
-                raise ScheduleError(
-                    f"timeout ({limit:g} s) must be shorter than the {shape} ({period:g} s)",
-                    job_id=job_id,
-                    field="timeout",
-                )
+                message = f"timeout ({limit:g} s) must be shorter than the {shape} ({period:g} s)"
+                raise error("timeout", message)
         if overdue_grace is None:
             grace = min(max(period * 0.1, 1.0), 300.0)
         else:
             grace = seconds(overdue_grace, "overdue_grace", job_id=job_id)
         for flag, value in (("enabled", enabled), ("catch_up", catch_up)):
             if not isinstance(value, bool):
-                raise ScheduleError(
-                    f"{flag} must be True or False, got {value!r}", job_id=job_id, field=flag
-                )
+                raise error(flag, f"{flag} must be True or False, got {value!r}")
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            raise ScheduleError(
-                f"retries must be a whole number of retries, 0 or more, got {retries!r}",
-                job_id=job_id,
-                field="retries",
-            )
+            message = f"retries must be a whole number of retries, 0 or more, got {retries!r}"
+            raise error("retries", message)
         backoff = seconds(retry_backoff, "retry_backoff", job_id=job_id, allow_zero=False)
         if retries and backoff >= period:
-            raise ScheduleError(
+            raise error(
+                "retry_backoff",
                 f"retry_backoff ({backoff:g} s) must be shorter than the period ({period:g} s): "
                 "a retry never runs past the next slot, so none would ever run",
-                job_id=job_id,
-                field="retry_backoff",
             )
         return cls(
             id=job_id,
@@ -232,16 +221,12 @@ def idempotency_key(namespace: str, job_id: str, slot: datetime) -> str:
 
 
 def _is_async(func: object) -> bool:
-    if inspect.iscoroutinefunction(func):
-        return True
-    return not inspect.isroutine(func) and inspect.iscoroutinefunction(type(func).__call__)
+    return inspect.iscoroutinefunction(func) or (
+        not inspect.isroutine(func) and inspect.iscoroutinefunction(type(func).__call__)
+    )
 
 
 def _default_id(func: object) -> str:
     module = getattr(func, "__module__", None) or "?"
     qualname = getattr(func, "__qualname__", None) or type(func).__qualname__
     return f"{module}.{qualname}"
-
-
-def _describe(func: object) -> str:
-    return getattr(func, "__qualname__", None) or repr(func)
