@@ -1,10 +1,4 @@
-"""The clock protocol and the system clock.
-
-A clock has three methods: ``now()`` (aware UTC wall time), ``monotonic()`` (seconds on a
-clock that never steps) and ``await sleep_until(deadline)`` (a ``monotonic()`` deadline).
-The scheduler asks its clock, never ``datetime.now()`` inline, so tests inject
-:class:`ticklock.testing.ManualClock` and run schedules without real sleeps.
-"""
+"""The clock protocol and the system clock (tests inject :class:`ticklock.testing.ManualClock`)."""
 
 from __future__ import annotations
 
@@ -22,15 +16,12 @@ class Clock(Protocol):
 
     def now(self) -> datetime:
         """The current wall time, aware, in UTC."""
-        ...
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes backwards and never steps."""
-        ...
 
     async def sleep_until(self, deadline: float) -> None:
         """Return once ``monotonic()`` has reached ``deadline`` (``math.inf``: never)."""
-        ...
 
 
 class SystemClock:
