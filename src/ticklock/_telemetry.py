@@ -27,6 +27,7 @@ JITTER = "ticklock.run.jitter"
 LATENESS = "ticklock.run.lateness"
 _ERRORS = frozenset({Outcome.FAILURE, Outcome.TIMEOUT, Outcome.ERROR})
 _QUIET = frozenset({Outcome.LOCKED, Outcome.SKIPPED})
+_LEVELS = dict.fromkeys(_ERRORS, logging.ERROR) | dict.fromkeys(_QUIET, logging.DEBUG)
 _TRACED = frozenset({Outcome.FAILURE, Outcome.TIMEOUT})
 
 LastSuccesses = Callable[[], Iterable[tuple[str, datetime]]]
@@ -66,8 +67,7 @@ class Telemetry:
         )
 
     def tracing(self) -> bool:
-        """Whether spans can be recorded: a provider was given, or a global one was set (with
-        none, a tick skips the span entirely)."""
+        """Whether spans can be recorded: a provider was given, or a global one was set."""
         return self._own_tracer_provider or not isinstance(
             trace.get_tracer_provider(), trace.ProxyTracerProvider
         )
@@ -90,9 +90,7 @@ class Telemetry:
         """Put the outcome on the span, the metrics and the log."""
         outcome = result.outcome.value
         if span.is_recording():
-            span.set_attribute(OUTCOME, outcome)
-            span.set_attribute(OWNER, result.owner)
-            span.set_attribute(JITTER, jitter)
+            span.set_attributes({OUTCOME: outcome, OWNER: result.owner, JITTER: jitter})
             if result.slot is not None:
                 span.set_attribute(SLOT, result.slot.isoformat())
             if lateness is not None:
@@ -109,13 +107,7 @@ class Telemetry:
         self._log(result, exc)
 
     def _log(self, result: RunResult, exc: BaseException | None) -> None:
-        level = (
-            logging.ERROR
-            if result.outcome in _ERRORS
-            else logging.DEBUG
-            if result.outcome in _QUIET
-            else logging.INFO
-        )
+        level = _LEVELS.get(result.outcome, logging.INFO)
         if not logger.isEnabledFor(level):
             return
         slot = result.slot.isoformat() if result.slot is not None else "-"
@@ -129,8 +121,7 @@ class Telemetry:
             result.duration,
             report,
             f" error={result.error}" if result.error else "",
-            # A traceback tells where a handler failed or hung; an 'error' is the database's
-            # (an outage is logged once, with its cause, by the coordinator), so none there.
+            # No traceback for 'error': the coordinator logs an outage once, with its cause.
             exc_info=exc if result.outcome in _TRACED and exc is not None else None,
             extra={
                 "job_id": result.job_id,
