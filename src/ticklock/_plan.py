@@ -1,9 +1,4 @@
-"""What a job does next, from the fleet's state: pure functions, the same on every replica.
-
-:func:`plan` is the one decision: at start, after each tick attempt, or when re-aligning to
-the fleet, it says which slot to wait for, or to re-align or retry after a delay, or that the
-schedule is over. The others are its parts, and the overdue instant of the absence alarm.
-"""
+"""What a job does next, from the fleet's state: pure functions, the same on every replica."""
 
 from __future__ import annotations
 
@@ -79,16 +74,12 @@ def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
             return now + timedelta(seconds=trigger.initial_delay)
         return trigger.next_fire(now)
     due = after(trigger, state.last_end)
-    if due is None or due > now:
+    if due is None or due > now or (job.catch_up and isinstance(trigger, Every)):
         return due
     if isinstance(trigger, Every):
-        if job.catch_up:
-            return due
         steps = math.ceil((now - due).total_seconds() / trigger.interval)
         return due + timedelta(seconds=steps * trigger.interval)
-    if job.catch_up:
-        return latest(trigger, due, now)
-    return trigger.next_fire(now)
+    return latest(trigger, due, now) if job.catch_up else trigger.next_fire(now)
 
 
 def latest(trigger: Cron, due: datetime, now: datetime) -> datetime:
@@ -122,10 +113,8 @@ def stale(job: Job, state: FleetState, slot: datetime, attempt: int = 1) -> bool
 
 
 def overdue_at(job: Job, base: datetime) -> datetime | None:
-    """When ``job`` is overdue if no success comes after ``base`` (its last success or start).
-
-    The first fire due after ``base``, plus the jitter, the timeout and the overdue grace.
-    """
+    """When ``job`` is overdue if no success comes after ``base`` (its last success or start):
+    the first fire due after it, plus the jitter, the timeout and the overdue grace."""
     due = after(job.trigger, base)
     if due is None:
         return None
