@@ -1,19 +1,4 @@
-"""Test helpers that are part of ticklock's public API.
-
-:class:`ManualClock` replaces the system clock so that tests of schedules advance virtual
-time instead of sleeping::
-
-    clock = ManualClock(datetime(2026, 3, 29, 0, 0, tzinfo=timezone.utc))
-    scheduler = Scheduler(clock=clock)
-    ...
-    async with scheduler:
-        await clock.advance(3600)      # every deadline on the way fires, in order
-
-:func:`run_job` calls one handler once with a real :class:`~ticklock.JobContext`, without a
-scheduler; with a connection, inside a transaction that it rolls back unless asked to commit::
-
-    report = await run_job(purge, conn=conn)
-"""
+"""Test helpers that are part of ticklock's public API: :class:`ManualClock` and :func:`run_job`."""
 
 from __future__ import annotations
 
@@ -45,12 +30,17 @@ class ManualClock:
 
     ``now()`` and ``monotonic()`` advance together. ``await advance(seconds)`` walks through
     every sleeper's deadline in order, letting all tasks run at each one, so the code under
-    test sees exactly the instants it asked for.
+    test sees exactly the instants it asked for::
+
+        clock = ManualClock(datetime(2026, 3, 29, 0, 0, tzinfo=timezone.utc))
+        scheduler = Scheduler(clock=clock)
+        ...
+        async with scheduler:
+            await clock.advance(3600)      # every deadline on the way fires, in order
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        if start is None:
-            start = _DEFAULT_START
+        start = _DEFAULT_START if start is None else start
         if start.tzinfo is None or start.utcoffset() is None:
             raise ValueError(f"ManualClock(start): start must be an aware datetime, got {start!r}")
         self._start = start.astimezone(timezone.utc)
@@ -86,50 +76,34 @@ class ManualClock:
                 f"ManualClock.advance: seconds must be non-negative and finite, got {seconds!r}"
             )
         target = self._elapsed + step
-        await _settle()
+        await self.settle()
         while self._sleepers and self._sleepers[0][0] <= target:
-            deadline = self._sleepers[0][0]
-            self._elapsed = max(self._elapsed, deadline)
+            self._elapsed = max(self._elapsed, self._sleepers[0][0])
             while self._sleepers and self._sleepers[0][0] <= self._elapsed:
                 heapq.heappop(self._sleepers)[2].set()
-            await _settle()
+            await self.settle()
         self._elapsed = max(self._elapsed, target)
-        await _settle()
+        await self.settle()
 
     async def settle(self) -> None:
         """Let every task run until all are blocked, without moving time."""
-        await _settle()
-
-
-async def _settle() -> None:
-    """Return once every other task is blocked.
-
-    On trio, ``anyio.wait_all_tasks_blocked()`` (trio's own) is exact. On asyncio it checks the
-    same thing as below (each task's ``_fut_waiter``, which asyncio has no public API for) but
-    sleeps 0.1 s of real time before each new look: one settle per deadline made a virtual day
-    of minutely runs take over two minutes instead of a fraction of a second. So asyncio gets
-    this loop, which yields with ``sleep(0)`` and also waits for queued loop callbacks.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio: trio's own wait_all_tasks_blocked is exact
-        await anyio.wait_all_tasks_blocked()
-        return
-    this = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for _ in range(_SETTLE_ROUNDS):
-        await asyncio.sleep(0)
-        # pending callbacks (e.g. anyio delivering a cancellation) are work still to do
-        if getattr(loop, "_ready", None):
-            continue
-        for task in asyncio.all_tasks():
-            if task is this:
-                continue
-            waiter = getattr(task, "_fut_waiter", None)
-            if waiter is None or waiter.done():
-                break
-        else:
+        if not _on_asyncio():  # trio's own wait_all_tasks_blocked is exact
+            await anyio.wait_all_tasks_blocked()
             return
+        # on asyncio, anyio's checks the same (each task's _fut_waiter: no public API) but sleeps
+        # 0.1 s of real time between looks: a virtual day of minutely runs took over two minutes
+        this = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for _ in range(_SETTLE_ROUNDS):
+            await asyncio.sleep(0)
+            # pending callbacks (e.g. anyio delivering a cancellation) are work still to do
+            if getattr(loop, "_ready", None):
+                continue
+            waiters = [
+                getattr(t, "_fut_waiter", None) for t in asyncio.all_tasks() if t is not this
+            ]
+            if all(waiter is not None and not waiter.done() for waiter in waiters):
+                return
 
 
 async def run_job(
