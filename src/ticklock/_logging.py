@@ -1,9 +1,5 @@
-"""A one-call way to see ticklock's log lines, for scripts and quick starts.
-
-ticklock logs through the stdlib logger ``ticklock`` and configures no handler itself: an
-application that configures logging (``logging.basicConfig``, a dict config, uvicorn's
-``--log-config``) decides where the lines go. :func:`log_to_stderr` is for when nothing does.
-"""
+"""A one-call way to see ticklock's log lines: ticklock logs to the stdlib logger ``ticklock``
+and adds no handler of its own, leaving that to the application's logging configuration."""
 
 from __future__ import annotations
 
@@ -19,15 +15,12 @@ class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to whatever ``sys.stderr`` is when a line is emitted (as ``logging.lastResort``
     does), so that redirecting stderr later, in a test or a daemon, still works."""
 
-    def __init__(self) -> None:
-        logging.Handler.__init__(self)
-
     @property
     def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value: TextIO) -> None:  # StreamHandler.setStream assigns it
+    def stream(self, value: TextIO) -> None:  # StreamHandler's __init__ and setStream assign it
         pass
 
 
