@@ -24,28 +24,21 @@ class _Printer(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if not hasattr(record, "outcome"):
             return
-        slot = _clock_time(getattr(record, "slot", None))
-        report = getattr(record, "report", None)
-        error = getattr(record, "error", None)
-        detail = (
-            f" error={error}"
-            if error
-            else (f" report={json.dumps(report)}" if report is not None else "")
-        )
+        try:
+            when = datetime.fromisoformat(str(getattr(record, "slot", None)))
+            slot = f"{when:%H:%M:%S.%f}"[:12]
+        except ValueError:
+            slot = "-"
+        detail = ""
+        if error := getattr(record, "error", None):
+            detail = f" error={error}"
+        elif (report := getattr(record, "report", None)) is not None:
+            detail = f" report={json.dumps(report)}"
         print(
             f"{record.job_id:<10} slot={slot:<12} {record.outcome:<8} "  # type: ignore[attr-defined]
             f"{record.duration * 1000:7.1f} ms{detail}",  # type: ignore[attr-defined]
             flush=True,
         )
-
-
-def _clock_time(slot: object) -> str:
-    """``HH:MM:SS.mmm`` of an ISO slot, ``-`` for none."""
-    try:
-        when = datetime.fromisoformat(str(slot))
-    except ValueError:
-        return "-"
-    return f"{when:%H:%M:%S}.{when.microsecond // 1000:03d}"
 
 
 def build() -> Scheduler:
