@@ -12,8 +12,8 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
+from functools import reduce
 from itertools import islice
-from typing import Any
 
 import anyio
 
@@ -26,8 +26,7 @@ from ._validate import dsn as valid_dsn
 from ._validate import redact
 
 EXIT_OK, EXIT_NOT_OK, EXIT_ERROR = 0, 1, 2  # 1: ``status`` found an overdue job, or no job
-BUILT_IN = ("ticklock.retention",)
-"""The jobs ticklock adds itself (in PostgreSQL mode), labelled ``(built-in)``."""
+BUILT_IN = ("ticklock.retention",)  # the jobs ticklock adds itself (in PostgreSQL mode)
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -48,12 +47,10 @@ def load_scheduler(target: str) -> Scheduler:
         raise CommandError(
             f"cannot import {module_name}{_where(exc)}: {type(exc).__name__}: {exc}"
         ) from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise CommandError(f"module {module_name} has no attribute {attr!r}") from None
+    try:
+        obj = reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise CommandError(f"module {module_name} has no attribute {attr!r}") from None
     if not isinstance(obj, Scheduler):
         raise CommandError(
             f"{target} is not a ticklock.Scheduler: its type is {type(obj).__name__}"
@@ -62,8 +59,7 @@ def load_scheduler(target: str) -> Scheduler:
 
 
 def _where(exc: BaseException) -> str:
-    """`` (file:line)`` of the user's innermost frame in ``exc`` (outside the import machinery
-    and ticklock), or ``""``."""
+    """`` (file:line)`` of ``exc``'s innermost frame outside importlib and ticklock, or ``""``."""
     machinery = tuple(os.path.join(os.path.dirname(f), "") for f in (importlib.__file__, __file__))
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if not frame.filename.startswith(("<", *machinery)):
