@@ -9,6 +9,7 @@ in a gap is skipped by wildcard expressions, else fires once at the gap's end.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -180,12 +181,10 @@ class CronSpec:
 
     def naive_matches(self, start: datetime) -> Iterator[datetime]:
         """Every matching naive wall time at or after ``start``, in order."""
-        t: datetime | None = start
+        t = self.next_naive(start)
         while t is not None:
-            t = self.next_naive(t)
-            if t is not None:
-                yield t
-                t = t + _MINUTE if t < _LAST_MINUTE else None
+            yield t
+            t = self.next_naive(t + _MINUTE) if t < _LAST_MINUTE else None
 
 
 def instants(local: datetime, zone: ZoneInfo, wildcard: bool) -> tuple[datetime, ...]:
@@ -247,15 +246,7 @@ def next_fire(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | Non
 
 def shortest_period(spec: CronSpec, samples: int = 512) -> timedelta | None:
     """The shortest gap between consecutive fires (ignoring DST), or ``None`` if it never fires."""
-    previous: datetime | None = None
-    shortest: timedelta | None = None
-    for count, local in enumerate(spec.naive_matches(datetime(2001, 1, 1))):
-        if previous is not None:
-            gap = local - previous
-            shortest = gap if shortest is None else min(shortest, gap)
-        if count >= samples:
-            break
-        previous = local
-    if previous is None:
+    fires = list(itertools.islice(spec.naive_matches(datetime(2001, 1, 1)), samples + 1))
+    if not fires:
         return None
-    return shortest if shortest is not None else timedelta(days=366)
+    return min((b - a for a, b in itertools.pairwise(fires)), default=timedelta(days=366))
