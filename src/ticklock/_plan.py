@@ -13,13 +13,10 @@ from ._triggers import Cron, Every, Trigger
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a job waits for next.
-
-    ``slot`` and no ``delay``: run that slot at its instant (plus jitter). ``slot`` and a
-    ``delay``: run that slot again after ``delay`` seconds, as attempt ``attempt`` (a retry).
-    No slot and a ``delay``: read the fleet's state again after ``delay`` seconds (the lock
-    was held elsewhere). Neither: the schedule is over.
-    """
+    """What a job waits for next: ``slot`` alone, run it at its instant (plus jitter); ``slot``
+    and ``delay``, run it again after ``delay`` seconds as attempt ``attempt`` (a retry);
+    ``delay`` alone, read the fleet's state again then (the lock was held elsewhere); neither,
+    the schedule is over."""
 
     slot: datetime | None
     delay: float | None = None
@@ -62,12 +59,10 @@ def after(trigger: Trigger, end: datetime) -> datetime | None:
 
 
 def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
-    """The slot to wait for at start or when re-aligning to the fleet's state.
-
-    A job that never ran starts at ``now + initial_delay`` (``every``) or its next fire
-    (``cron``). A job whose next slot passed while no replica ran it is due at once with
-    ``catch_up`` (one run covers the whole window), else it waits for the next slot after now.
-    """
+    """The slot to wait for at start or when re-aligning: a job that never ran starts at
+    ``now + initial_delay`` (``every``) or its next fire (``cron``); a job whose next slot passed
+    unrun is due at once with ``catch_up`` (one run covers the window), else at the next one
+    after now."""
     trigger = job.trigger
     if state.last_end is None:
         if isinstance(trigger, Every):
