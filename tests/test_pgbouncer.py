@@ -184,3 +184,21 @@ async def test_replicas_and_the_cli_work_through_pgbouncer_from_a_plain_dsn(
     status = cli("status", "--dsn", bouncer, "--schema", pg_schema)
     assert status.returncode in (0, 1), status.stderr  # 1: a job overdue, not an error
     assert "fast" in status.stdout, status.stdout
+
+
+async def test_a_prepare_a_handler_leaves_behind_the_bouncer_reaches_no_later_tick(
+    bouncer: str, pg_schema: str
+) -> None:
+    # Retiring the client connection does not end the bouncer's server session: the reset
+    # deallocates there (ticklock prepares nothing by name behind a pooler).
+    scheduler = Scheduler(bouncer, schema=pg_schema)
+
+    @scheduler.job(every(3600, initial_delay=3000), id="prepares")
+    async def prepares(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute("PREPARE p1 AS SELECT 1")
+
+    async with scheduler:
+        for _ in range(4):
+            result = await scheduler.run_now("prepares")
+            assert result.outcome is Outcome.SUCCESS, result.error
