@@ -1,0 +1,125 @@
+"""What an operator sees and steers of a fleet: job, run and replica records, and the operations.
+
+:class:`Fleet` is the seam the CLI and the dashboard use. In PostgreSQL mode
+(``ticklock._postgres.fleet.PostgresFleet``) it reads and writes the namespace's tables, so an
+operation reaches every replica; in local mode (``ticklock._scheduler.LocalFleet``) it is this
+process's scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+
+class JobState(str, enum.Enum):
+    """What ``ticklock status`` and the dashboard say of a job, most urgent first."""
+
+    UNDECLARED = "undeclared"
+    """Live replicas run, and none declares the job (renamed or removed): ``forget`` it."""
+    DISABLED = "disabled"
+    """Declared with ``enabled=False`` by every live replica that declares it."""
+    PAUSED = "paused"
+    """Paused by an operator: no scheduled run starts; never overdue."""
+    FUTURE = "future"
+    """Its watermark lies in the database's future (a replica's clock ran ahead)."""
+    OVERDUE = "overdue"
+    """No success since its first fire after the last one, plus timeout and grace."""
+    OK = "ok"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as the fleet knows it."""
+
+    job_id: str
+    state: JobState
+    last_success: datetime | None
+    last_outcome: str | None
+    """The outcome of the last run that executed: ``success``, ``failure``, ``timeout``, ..."""
+    next_due: datetime | None
+    """When the next scheduled run is due (without jitter), as of the last run."""
+    consecutive_failures: int
+    last_error: str | None
+    """The error of the last run that did not succeed (kept after a later success)."""
+    last_owner: str | None
+    """The replica that ran it last."""
+    paused_at: datetime | None
+    trigger_at: datetime | None
+    """The instant of a trigger request that no replica has served yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run that executed, from the history (newest first)."""
+
+    job_id: str
+    slot: datetime | None
+    started_at: datetime
+    finished_at: datetime
+    outcome: str
+    owner: str
+    report: Any
+    error: str | None
+    manual: bool
+    """Started by ``trigger`` or ``run_now``, not by the schedule."""
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end."""
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """A live replica: a scheduler of the namespace that reported in recently."""
+
+    owner: str
+    started_at: datetime
+    seen_at: datetime
+    jobs: tuple[str, ...]
+    """The ids of the jobs it declares (enabled or not)."""
+
+
+class JobDeclared(Exception):
+    """``forget`` refused: a live replica still declares the job."""
+
+
+class Fleet(Protocol):
+    """Read and steer the jobs of one namespace. Unknown job ids raise ``KeyError``."""
+
+    namespace: str
+
+    async def jobs(self) -> list[JobRecord]:
+        """Every job of the namespace, by id."""
+        ...
+
+    async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first."""
+        ...
+
+    async def replicas(self) -> list[Replica]:
+        """The live replicas, by owner."""
+        ...
+
+    async def pause(self, job_id: str) -> None:
+        """Stop starting scheduled runs of the job (a run in flight finishes)."""
+        ...
+
+    async def resume(self, job_id: str) -> None:
+        """Undo :meth:`pause`; the next slot follows the job's ``catch_up`` rule."""
+        ...
+
+    async def trigger(self, job_id: str) -> datetime:
+        """Ask for one run as soon as possible; returns the request's instant (its slot)."""
+        ...
+
+    async def forget(self, job_id: str) -> None:
+        """Delete the job's state and history; raises :class:`JobDeclared` while a live
+        replica declares it."""
+        ...
