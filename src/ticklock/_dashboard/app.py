@@ -1,0 +1,443 @@
+"""The dashboard: a small Starlette app over a :class:`~ticklock._fleet.Fleet`.
+
+HTML pages (Jinja2, autoescaped; no JavaScript), the same data as JSON, ``/health`` for probes,
+and, only when enabled, POST actions protected by a double-submit CSRF token and a same-origin
+check. Every link is built with ``request.url_for``, so the app works mounted under a prefix.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._errors import describe
+from .._fleet import Fleet, JobRecord, JobState, Replica, RunRecord
+from .chart import duration_chart, seconds_label
+
+logger = logging.getLogger("ticklock")
+
+TEMPLATES = Path(__file__).parent / "templates"
+CSRF_COOKIE = "ticklock_csrf"
+CSRF_FIELD = "csrf"
+ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}  # action: its note
+DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
+MAX_FORM_BYTES = 4096
+UNHEALTHY = (JobState.OVERDUE, JobState.FUTURE)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",  # pages carry a CSRF token and live state
+}
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) returns
+
+T = TypeVar("T")
+
+
+class _Problem(Exception):
+    """An answer other than 200: rendered as a short HTML page, or as JSON under ``/api``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None) -> Starlette:
+    """An ASGI app showing ``fleet``'s jobs, their run history and the live replicas.
+
+    Read-only unless ``actions`` is true, which adds Pause, Resume and Trigger buttons (POST,
+    with a CSRF token and a same-origin check). ``title`` defaults to ``ticklock · <namespace>``.
+    Mount it in an application, or serve it on its own::
+
+        app.mount("/ticklock", create_app(fleet))
+    """
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(when=_when, ago=_ago, seconds=seconds_label, json=_json_text)
+    env.globals.update(title=title or f"ticklock · {fleet.namespace}", actions=actions)
+    stylesheet = (TEMPLATES / "style.css").read_text()
+
+    async def ask(call: Callable[[], Awaitable[T]], job_id: str | None = None) -> T:
+        """``call()``; a ``KeyError`` about ``job_id`` is a 404, any other error a 503."""
+        try:
+            return await call()
+        except Exception as exc:
+            if isinstance(exc, KeyError) and job_id is not None:
+                raise _Problem(404, f"unknown job: {job_id}") from None
+            logger.warning("dashboard: the fleet did not answer: %s", describe(exc))
+            raise _Problem(503, _unavailable(exc)) from None
+
+    def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
+        token = _csrf_token(request) if actions else ""
+        html = env.get_template(template).render(
+            links=_Links(request), csrf=token, now=datetime.now(timezone.utc), **context
+        )
+        response = HTMLResponse(html, status_code=status)
+        if actions and request.cookies.get(CSRF_COOKIE) != token:
+            response.set_cookie(
+                CSRF_COOKIE,
+                token,
+                path=request.url_for("index").path,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        return response
+
+    async def index(request: Request) -> Response:
+        jobs = await ask(fleet.jobs)
+        replicas = await ask(fleet.replicas)
+        context: dict[str, Any] = {"jobs": jobs, "replicas": replicas, "note": _note(request)}
+        return page(request, "index.html", refresh_url=_Links(request).index(), **context)
+
+    async def job(request: Request) -> Response:
+        job_id: str = request.path_params["job_id"]
+        limit = _limit(request)
+        record = next((j for j in await ask(fleet.jobs) if j.job_id == job_id), None)
+        if record is None:
+            raise _Problem(404, f"unknown job: {job_id}")
+        runs = await ask(lambda: fleet.history(job_id, limit), job_id)
+        context: dict[str, Any] = {
+            "job": record,
+            "runs": runs,
+            "chart": duration_chart(runs),
+            "limit": limit,
+        }
+        again = _Links(request).job(job_id, limit=None if limit == DEFAULT_LIMIT else limit)
+        return page(request, "job.html", refresh_url=again, note=_note(request), **context)
+
+    async def act(request: Request) -> Response:
+        job_id: str = request.path_params["job_id"]
+        action: str = request.path_params["action"]
+        if action not in ACTIONS:
+            raise _Problem(404, f"no such action: {action}")
+        if not actions:
+            raise _Problem(403, "actions are disabled on this dashboard")
+        if not _same_origin(request):
+            raise _Problem(403, "refused: the request does not come from this dashboard's origin")
+        form = await _form(request)
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        sent = form.get(CSRF_FIELD, "")
+        if not cookie or not hmac.compare_digest(cookie.encode(), sent.encode()):
+            raise _Problem(403, "refused: missing or invalid CSRF token; reload the page")
+        operation = {"pause": fleet.pause, "resume": fleet.resume, "trigger": fleet.trigger}[action]
+        await ask(lambda: operation(job_id), job_id)
+        links = _Links(request)
+        if form.get("back") == "index":
+            target = links.index(done=ACTIONS[action], job=job_id)
+        else:
+            target = links.job(job_id, done=ACTIONS[action])
+        return RedirectResponse(target, status_code=303)
+
+    async def api_jobs(request: Request) -> Response:
+        jobs = await ask(fleet.jobs)
+        return _json({"namespace": fleet.namespace, "jobs": [_job_json(j) for j in jobs]})
+
+    async def api_runs(request: Request) -> Response:
+        job_id: str = request.path_params["job_id"]
+        limit = _limit(request)
+        runs = await ask(lambda: fleet.history(job_id, limit), job_id)
+        return _json({"job_id": job_id, "runs": [_run_json(r) for r in runs]})
+
+    async def api_replicas(request: Request) -> Response:
+        replicas = await ask(fleet.replicas)
+        return _json(
+            {"namespace": fleet.namespace, "replicas": [_replica_json(r) for r in replicas]}
+        )
+
+    async def health(request: Request) -> Response:
+        jobs = await ask(fleet.jobs)
+        body = {
+            "ok": not any(j.state in UNHEALTHY for j in jobs),
+            "namespace": fleet.namespace,
+            "jobs": len(jobs),
+            "overdue": [j.job_id for j in jobs if j.state is JobState.OVERDUE],
+            "future": [j.job_id for j in jobs if j.state is JobState.FUTURE],
+        }
+        return _json(body, status=200 if body["ok"] else 503)
+
+    async def style(request: Request) -> Response:
+        headers = {"Cache-Control": "max-age=300"}
+        return Response(stylesheet, media_type="text/css", headers=headers)
+
+    async def problem(request: Request, exc: Exception) -> Response:
+        """The one renderer of errors: JSON for the API and /health, a short page otherwise."""
+        headers: dict[str, str] = {}
+        if isinstance(exc, _Problem):
+            status, message = exc.status, exc.message
+        elif isinstance(exc, HTTPException):  # no such route (404), a wrong method (405)
+            status, message, headers = exc.status_code, str(exc.detail), dict(exc.headers or {})
+        else:  # a bug in the dashboard itself: a plain 500, the traceback goes to the log
+            status, message = 500, "internal error in the ticklock dashboard"
+        route = request.scope.get("route")
+        response: Response
+        if route is not None and (route.path.startswith("/api/") or route.path == "/health"):
+            response = _json({"ok": False, "error": message}, status=status)
+        else:
+            try:
+                response = page(
+                    request, "error.html", status=status, status_code=status, message=message
+                )
+            except Exception:  # the page itself failed: say it in plain text
+                response = PlainTextResponse(message, status_code=status)
+        response.headers.update(headers)
+        return response
+
+    routes = [
+        Route("/", index, name="index"),
+        Route("/style.css", style, name="style"),
+        Route("/health", health, name="health"),
+        Route("/api/jobs", api_jobs, name="api_jobs"),
+        Route("/api/jobs/{job_id:path}/runs", api_runs, name="api_runs"),
+        Route("/api/replicas", api_replicas, name="api_replicas"),
+        Route("/jobs/{job_id:path}/{action}", act, methods=["POST"], name="action"),
+        Route("/jobs/{job_id:path}", job, name="job"),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        _Problem: problem,
+        HTTPException: problem,
+        Exception: problem,
+    }
+    return Starlette(routes=routes, middleware=[Middleware(_Headers)], exception_handlers=handlers)
+
+
+class _Links:
+    """The dashboard's URLs for one request: paths under wherever the app is mounted.
+
+    Job ids are percent-encoded whole (``/`` included), so ids with slashes, spaces or
+    non-ASCII characters round-trip through the ``{job_id:path}`` routes.
+    """
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    def _path(self, name: str, query: dict[str, Any] | None = None, **params: str) -> str:
+        path = self._request.url_for(name, **params).path
+        query = {k: v for k, v in (query or {}).items() if v is not None}
+        return f"{path}?{urlencode(query)}" if query else path
+
+    def index(self, **query: Any) -> str:
+        """The jobs page; ``query`` becomes its query string."""
+        return self._path("index", query)
+
+    def job(self, job_id: str, **query: Any) -> str:
+        """A job's page."""
+        return self._path("job", query, job_id=quote(job_id, safe=""))
+
+    def action(self, job_id: str, action: str) -> str:
+        """Where a job's Pause, Resume or Trigger form posts."""
+        return self._path("action", job_id=quote(job_id, safe=""), action=action)
+
+    def runs(self, job_id: str, **query: Any) -> str:
+        """A job's runs as JSON."""
+        return self._path("api_runs", query, job_id=quote(job_id, safe=""))
+
+    def style(self) -> str:
+        """The stylesheet."""
+        return self._path("style")
+
+    def api_jobs(self) -> str:
+        """Every job as JSON."""
+        return self._path("api_jobs")
+
+    def api_replicas(self) -> str:
+        """The live replicas as JSON."""
+        return self._path("api_replicas")
+
+    def health(self) -> str:
+        """The health probe."""
+        return self._path("health")
+
+
+class _Headers:
+    """ASGI middleware: the security headers on every response (unless it set its own)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _csrf_token(request: Request) -> str:
+    """The browser's token if it holds a well-formed one, else a new random one."""
+    token = request.cookies.get(CSRF_COOKIE, "")
+    return token if _TOKEN.fullmatch(token) else secrets.token_urlsafe(32)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether ``Origin`` (or ``Referer`` when there is no ``Origin``) is this request's origin,
+    its scheme and ``Host``; a request with neither is refused."""
+    source = request.headers.get("origin") or request.headers.get("referer")
+    host = request.headers.get("host")
+    if not source or not host:
+        return False
+    theirs = _origin(source)
+    return theirs is not None and theirs == _origin(f"{request.url.scheme}://{host}")
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of ``url``, the default port filled in; ``None`` if it has none
+    (``Origin: null``, a malformed URL)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    if not parts.hostname or port is None:
+        return None
+    return parts.scheme.lower(), parts.hostname.lower(), port
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The urlencoded form of a POST, the first value of each field (no multipart needed)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != (
+        "application/x-www-form-urlencoded"
+    ):
+        return {}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise _Problem(413, "form too large")
+    fields = parse_qs(body.decode("ascii", "replace"), max_num_fields=20)
+    return {name: values[0] for name, values in fields.items()}
+
+
+def _limit(request: Request) -> int:
+    """``?limit=``: how many runs, default 100, at most 1000."""
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return DEFAULT_LIMIT
+    try:
+        return min(max(int(raw), 1), MAX_LIMIT)
+    except ValueError:
+        raise _Problem(400, "limit must be a whole number") from None
+
+
+def _note(request: Request) -> str | None:
+    """The note after an action (``?done=paused&job=...``): only the known verbs are shown."""
+    done = request.query_params.get("done", "")
+    if done not in ACTIONS.values():
+        return None
+    job_id = request.query_params.get("job") or request.path_params.get("job_id")
+    return f"{done.capitalize()}: {job_id}" if job_id else f"{done.capitalize()}."
+
+
+def _unavailable(exc: Exception) -> str:
+    """What a 503 says: ticklock's own errors with their message (written for operators),
+    others by type only (a driver's message may name hosts and users)."""
+    text = describe(exc) if type(exc).__module__.startswith("ticklock.") else type(exc).__name__
+    return f"the fleet is unavailable ({text}); see the application's log"
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.astimezone(timezone.utc).isoformat() if when else None
+
+
+def _job_json(job: JobRecord) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "state": job.state.value,
+        "last_success": _iso(job.last_success),
+        "last_outcome": job.last_outcome,
+        "next_due": _iso(job.next_due),
+        "consecutive_failures": job.consecutive_failures,
+        "last_error": job.last_error,
+        "last_owner": job.last_owner,
+        "paused_at": _iso(job.paused_at),
+        "trigger_at": _iso(job.trigger_at),
+    }
+
+
+def _run_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "job_id": run.job_id,
+        "slot": _iso(run.slot),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "duration": run.duration,
+        "outcome": run.outcome,
+        "owner": run.owner,
+        "manual": run.manual,
+        "report": run.report,
+        "error": run.error,
+    }
+
+
+def _replica_json(replica: Replica) -> dict[str, Any]:
+    return {
+        "owner": replica.owner,
+        "started_at": _iso(replica.started_at),
+        "seen_at": _iso(replica.seen_at),
+        "jobs": list(replica.jobs),
+    }
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    """JSON, with anything JSON cannot hold (a report of an in-process fleet) as its ``str``."""
+    text = json.dumps(body, ensure_ascii=False, default=str)
+    return Response(text, status_code=status, media_type="application/json")
+
+
+def _json_text(value: Any) -> str:
+    """A report as JSON text for a page (autoescaped there like any text); ``""`` for none."""
+    return "" if value is None else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _when(when: datetime | None) -> str:
+    """An instant as ISO 8601 in UTC, to the second: ``2026-11-29T20:45:07Z``."""
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if when else ""
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    """``when`` relative to ``now``, in one rounded unit: ``3 min ago``, ``in 20 s``."""
+    if when is None:
+        return ""
+    seconds = (now - when).total_seconds()
+    size = abs(seconds)
+    if size < 1:
+        return "now"
+    unit, per = next(
+        (u, p) for u, p in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)) if size >= p
+    )
+    text = f"{int(size // per)} {unit}"
+    return f"{text} ago" if seconds > 0 else f"in {text}"
