@@ -9,6 +9,7 @@ dashboard with a real Chromium through Playwright.
 
 from __future__ import annotations
 
+import base64
 import email.message
 import json
 import re
@@ -22,12 +23,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Request
 from starlette.types import ASGIApp
 
 from ticklock import SchedulerStateError
@@ -216,7 +218,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _opener = urllib.request.build_opener(_NoRedirects)
 
 
-def call(url: str, form: dict[str, str] | None = None, **headers: str) -> Answer:
+def call(url: str, form: dict[str, str] | None = None, /, **headers: str) -> Answer:
     """GET ``url``, or POST ``form`` urlencoded; headers by keyword (``Origin=...``)."""
     data = None if form is None else urllib.parse.urlencode(form).encode()
     request = urllib.request.Request(
@@ -738,3 +740,99 @@ async def test_a_real_browser_opens_a_job_pauses_it_and_sees_reports_as_text() -
             finally:
                 await browser.close()
     assert dialogs == [] and problems == []
+
+
+# --- the documented deployments ----------------------------------------------------------------
+
+
+def documented_guard() -> str:
+    """The docs' ASGI guard example (the draft page, or operations.md once it is merged)."""
+    for page in ("dashboard-draft.md", "operations.md"):
+        path = Path(__file__).parent.parent / "docs" / page
+        blocks: list[str] = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+        found = [block for block in blocks if "def require_operator" in block]
+        if found:
+            assert len(found) == 1
+            return found[0]
+    raise AssertionError("no require_operator example in the docs")
+
+
+def test_the_documented_guard_protects_every_dashboard_route_that_app_dependencies_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TICKLOCK_DASHBOARD_PASSWORD", "s3cret")
+    fleet = sample_fleet()
+    denied: list[str] = []
+
+    async def deny(request: Request) -> None:
+        denied.append(request.url.path)
+        raise HTTPException(403)
+
+    class Scheduler:  # what the example calls: scheduler.dashboard(actions=True)
+        def dashboard(self, *, actions: bool = False) -> ASGIApp:
+            return create_app(fleet, actions=actions)
+
+    # app-wide dependencies run for the app's routes, never for a mounted app: hence the guard
+    app = FastAPI(dependencies=[Depends(deny)])
+    namespace: dict[str, Any] = {"app": app, "scheduler": Scheduler()}
+    exec(documented_guard(), namespace)
+    app.mount("/unguarded", create_app(fleet))
+
+    @app.get("/")
+    async def home() -> dict[str, str]:
+        return {"app": "host"}
+
+    good = "Basic " + base64.b64encode(b"ops:s3cret").decode()
+    bad = "Basic " + base64.b64encode(b"ops:guess").decode()
+    with serve(app) as base:
+        unguarded = call(base + "/unguarded/")
+        home_page = call(base + "/")
+        refused = [
+            call(base + "/ticklock/"),
+            call(base + "/ticklock/api/jobs", Authorization=bad),
+            call(base + "/ticklock/health"),
+            call(base + "/ticklock/jobs/late/pause", {"csrf": "x"}, Origin=base),
+        ]
+        page = call(base + "/ticklock/jobs/late", Authorization=good)
+        cookie, token = token_of(page)
+        paused = call(
+            base + "/ticklock/jobs/late/pause",
+            {"csrf": token},
+            Origin=base,
+            Cookie=f"ticklock_csrf={cookie}",
+            Authorization=good,
+        )
+    assert unguarded.status == 200 and home_page.status == 403 and denied == ["/"]
+    for answer in refused:
+        assert (
+            answer.status == 401 and answer.headers["www-authenticate"] == 'Basic realm="ticklock"'
+        )
+    assert page.status == 200 and paused.status == 303
+    assert fleet.calls == [("pause", "late")]
+
+
+def test_behind_a_tls_terminating_proxy_actions_work_and_the_cookie_is_secure() -> None:
+    # uvicorn trusts X-Forwarded-Proto from 127.0.0.1 by default; the proxy passes Host on
+    fleet = sample_fleet()
+    proxy = {"Host": "ops.example.com", "X_Forwarded_Proto": "https"}
+    with serve(create_app(fleet, actions=True)) as base:
+        page = call(base + "/jobs/late", **proxy)
+        cookie, token = token_of(page)
+        jar = f"ticklock_csrf={cookie}"
+        form = {"csrf": token}
+        http = call(
+            base + "/jobs/late/pause", form, Origin="http://ops.example.com", Cookie=jar, **proxy
+        )
+        https = call(
+            base + "/jobs/late/pause", form, Origin="https://ops.example.com", Cookie=jar, **proxy
+        )
+        default_port = call(
+            base + "/jobs/late/trigger",
+            form,
+            Origin="https://ops.example.com:443",
+            Cookie=jar,
+            **proxy,
+        )
+    assert "secure" in {part.strip().lower() for part in (page.cookie() or "").split(";")}
+    assert http.status == 403 and https.status == 303 and default_port.status == 303
+    assert fleet.calls == [("pause", "late"), ("trigger", "late")]
