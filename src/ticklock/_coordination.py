@@ -6,10 +6,13 @@ process (local mode). ``ticklock._postgres.coordinator.PostgresCoordinator`` kee
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
+
+import anyio
 
 from ._job import Job, Outcome, RunResult
 
@@ -35,17 +38,14 @@ class FleetState:
     """The slot of the last run that executed and did not commit (``None`` once one commits)."""
     failed_attempts: int = 0
     """How many attempts of ``failed_slot`` did not commit: retries go by it."""
+    paused_at: datetime | None = None
+    """When an operator paused the job (``None``: not paused)."""
+    trigger_at: datetime | None = None
+    """The instant of a trigger request no run has served yet."""
 
     def copy(self) -> FleetState:
         """A copy of this state."""
-        return FleetState(
-            self.last_slot,
-            self.last_end,
-            self.last_success_at,
-            self.consecutive_failures,
-            self.failed_slot,
-            self.failed_attempts,
-        )
+        return replace(self)
 
     def committed(self, result: RunResult) -> None:
         """Fold a successful run into the state."""
@@ -54,6 +54,7 @@ class FleetState:
         self.last_success_at = result.finished_at
         self.consecutive_failures = 0
         self.failed_slot, self.failed_attempts = None, 0
+        self._served(result)
 
     def failed(self, result: RunResult) -> None:
         """Fold a run that executed and did not commit into the state."""
@@ -61,9 +62,31 @@ class FleetState:
             self.last_end = result.finished_at
         if result.slot is None or self.last_slot is None or self.last_slot < result.slot:
             self.consecutive_failures += 1
-            same = self.failed_slot == result.slot
-            self.failed_slot = result.slot
-            self.failed_attempts = self.failed_attempts + 1 if same else 1
+            if not result.manual:  # a manual run is not retried
+                same = self.failed_slot == result.slot
+                self.failed_slot = result.slot
+                self.failed_attempts = self.failed_attempts + 1 if same else 1
+        self._served(result)
+
+    def _served(self, result: RunResult) -> None:
+        """A manual run that executed serves the trigger requests made up to its slot."""
+        pending = self.trigger_at
+        if result.manual and pending is not None and result.slot and pending <= result.slot:
+            self.trigger_at = None
+
+
+class Control(NamedTuple):
+    """What operators asked of one job: paused since, and a trigger request not served yet."""
+
+    paused_at: datetime | None
+    trigger_at: datetime | None
+
+
+class Declared(NamedTuple):
+    """The ids of the jobs a replica declares, enabled and disabled."""
+
+    enabled: tuple[str, ...]
+    disabled: tuple[str, ...]
 
 
 class Attempt(Protocol):
@@ -111,8 +134,22 @@ class Coordinator(Protocol):
         """Begin a tick: try the job's lock and read its state under it."""
         ...
 
-    async def record_failure(self, result: RunResult) -> None:
+    async def record_failure(self, result: RunResult, job: Job) -> None:
         """Record a run that did not commit, in a transaction of its own."""
+        ...
+
+    async def watch(
+        self,
+        owner: str,
+        declared: Callable[[], Declared],
+        apply: Callable[[Mapping[str, Control]], None],
+    ) -> NoReturn:
+        """Until cancelled: report this replica as live, declaring ``declared()``, and call
+        ``apply`` with every paused or triggered job of the namespace when that may change."""
+        ...
+
+    def poke(self) -> None:
+        """Make :meth:`watch` look again now (an operation was made here)."""
         ...
 
     def classify(self, exc: BaseException) -> Outcome | None:
@@ -137,6 +174,7 @@ class _LocalAttempt:
 
     async def commit(self, result: RunResult, job: Job) -> None:
         self._coordinator.states.setdefault(self._job_id, FleetState()).committed(result)
+        self._coordinator.recorded(result)
 
     async def close(self) -> None:
         if self.acquired:
@@ -145,12 +183,44 @@ class _LocalAttempt:
 
 
 class LocalCoordinator:
-    """In-process coordination: one lock per job id and the state in a dict."""
+    """In-process coordination: one lock per job id, the state and the last
+    :data:`HISTORY` runs of each job in dicts."""
+
+    HISTORY = 100
 
     def __init__(self) -> None:
         self.states: dict[str, FleetState] = {}
+        self.history: dict[str, deque[RunResult]] = {}
         self.held: set[str] = set()
         self.ready = True
+        self._poked: anyio.Event | None = None
+
+    def recorded(self, result: RunResult) -> None:
+        """Keep ``result`` in the job's history."""
+        self.history.setdefault(result.job_id, deque(maxlen=self.HISTORY)).append(result)
+
+    async def watch(
+        self,
+        owner: str,
+        declared: Callable[[], Declared],
+        apply: Callable[[Mapping[str, Control]], None],
+    ) -> NoReturn:
+        """Call ``apply`` with the paused and triggered jobs at start and at each poke."""
+        while True:
+            self._poked = anyio.Event()
+            apply(
+                {
+                    job_id: Control(state.paused_at, state.trigger_at)
+                    for job_id, state in self.states.items()
+                    if state.paused_at is not None or state.trigger_at is not None
+                }
+            )
+            await self._poked.wait()
+
+    def poke(self) -> None:
+        """Make :meth:`watch` apply the states again."""
+        if self._poked is not None:
+            self._poked.set()
 
     async def open(self) -> None:
         """Nothing to prepare in local mode."""
@@ -172,9 +242,10 @@ class LocalCoordinator:
             self.held.add(job_id)
         return _LocalAttempt(self, job_id, acquired)
 
-    async def record_failure(self, result: RunResult) -> None:
+    async def record_failure(self, result: RunResult, job: Job) -> None:
         """Count the failure in the in-process state."""
         self.states.setdefault(result.job_id, FleetState()).failed(result)
+        self.recorded(result)
 
     def classify(self, exc: BaseException) -> Outcome | None:
         """Local mode has no coordination to lose."""

@@ -98,6 +98,7 @@ class Entry:
 
     __slots__ = (
         "attempt",
+        "credit",
         "deadline",
         "fire_at",
         "generation",
@@ -105,6 +106,7 @@ class Entry:
         "is_cron",
         "jitter",
         "job",
+        "manual",
         "queued",
         "removed",
         "running",
@@ -130,6 +132,9 @@ class Entry:
         # when this replica last found the job's lock held by a run elsewhere, since it last
         # read the fleet's state: that run's outcome is learnt at the next attempt
         self.held_at: datetime | None = None
+        self.manual = False  # the next run serves a trigger request (its slot)
+        # (last success, seconds paused since): the time a job was paused is not overdue
+        self.credit: tuple[datetime | None, float] = (None, 0.0)
 
     def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
         return id(self) < id(other)

@@ -102,6 +102,9 @@ class RunResult:
     owner: str
     report: Any = None
     error: str | None = None
+    manual: bool = False
+    """Started by :meth:`~ticklock.Scheduler.trigger` or :meth:`~ticklock.Scheduler.run_now`,
+    not by the schedule."""
 
     @property
     def duration(self) -> float:
@@ -121,7 +124,10 @@ class JobHealth:
     overdue: bool
     """A success was due by (first fire after the last success, or after start) + timeout +
     overdue grace, and has not come. A replica that last found the job running on another
-    replica presumes that run succeeded until its next attempt reads the outcome."""
+    replica presumes that run succeeded until its next attempt reads the outcome. Never true
+    for a paused job; the time a job spent paused does not count."""
+    paused: bool = False
+    """Paused by an operator (:meth:`~ticklock.Scheduler.pause`): no scheduled run starts."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

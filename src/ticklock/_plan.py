@@ -25,7 +25,10 @@ class Plan:
 
 def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = None) -> Plan:
     """What ``job`` does next, given the fleet's ``state`` (with ``result`` folded in) and the
-    ``result`` of the attempt that just ended (``None``: at start, or when re-aligning)."""
+    ``result`` of the attempt that just ended (``None``: at start, or when re-aligning).
+    A paused job waits for nothing."""
+    if state.paused_at is not None:
+        return Plan(None)
     if result is not None and result.outcome is Outcome.LOCKED:
         return Plan(None, job.trigger.period)  # running elsewhere: look again a period later
     retry = _retry(job, state, now)
@@ -56,6 +59,11 @@ def after(trigger: Trigger, end: datetime) -> datetime | None:
     if isinstance(trigger, Every):
         return end + trigger.delta
     return trigger.next_fire(end)
+
+
+def next_due(job: Job, result: RunResult) -> datetime | None:
+    """When the run after ``result`` is due, as operators see it (retries aside)."""
+    return after(job.trigger, result.finished_at)
 
 
 def first(job: Job, state: FleetState, now: datetime) -> datetime | None:

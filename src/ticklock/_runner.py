@@ -34,6 +34,7 @@ class _Run:
     error: str | None = None
     exc: BaseException | None = None
     state: FleetState | None = None
+    manual: bool = False
     executed: bool = False  # the handler was started: a failure must be recorded
     finished_at: datetime | None = None
     result: RunResult | None = None
@@ -101,8 +102,9 @@ class Runner:
         as its ``attempt``-th attempt; the state is the fleet's as read under the lock (``None``
         when the lock was not taken).
 
-        ``manual`` runs now (slot = now) whatever the schedule says, under the same lock,
-        watermark and recording.
+        ``manual`` runs whatever the schedule says (and whether the job is paused), under the
+        same lock, watermark and recording: for ``slot`` (a trigger request's instant, if no
+        manual run served it yet), or now if ``slot`` is ``None``.
         """
         if not self.telemetry.tracing():  # no SDK: no span to start
             return await self._execute(job, slot, fire_at, jitter, manual, attempt, INVALID_SPAN)
@@ -128,12 +130,12 @@ class Runner:
         started = clock.now()
         deadline = clock.monotonic() + job.timeout
         lateness = None if fire_at is None else (started - fire_at).total_seconds()
-        run = _Run(slot=started if manual else slot)
+        run = _Run(slot=(slot or started) if manual else slot, manual=manual)
         attempt: Attempt | None = None
         try:
             with self.dispatcher.bound(deadline) as scope:
                 attempt = await self.coordinator.attempt(job.id, job.timeout)
-                await self._hold(job, attempt, run, started, manual, number)
+                await self._hold(job, attempt, run, started, slot, number)
             overran = scope.cancel_called or clock.monotonic() >= deadline
             if overran and attempt is None:  # the database did not answer in time
                 run.fail(Outcome.ERROR, None, f"no database connection within {job.timeout:g} s")
@@ -163,14 +165,23 @@ class Runner:
         attempt: Attempt,
         run: _Run,
         started: datetime,
-        manual: bool,
+        requested: datetime | None,
         number: int,
     ) -> None:
         if not attempt.acquired:
             run.outcome = Outcome.LOCKED
             return
         state = run.state = attempt.state
-        if not manual:
+        if run.manual:
+            if requested is not None and state.trigger_at is None:
+                run.outcome = Outcome.SKIPPED  # another replica served the request
+                return
+            if state.last_slot is not None and state.last_slot >= (run.slot or started):
+                run.slot = started  # a scheduled run committed a later slot meanwhile
+        elif state.paused_at is not None:
+            run.outcome = Outcome.SKIPPED
+            return
+        else:
             if run.slot is None:  # re-align: the fleet's state says which slot is due
                 run.slot = _plan.first(job, state, started)
                 if run.slot is None or run.slot > started:
@@ -189,7 +200,7 @@ class Runner:
             owner=self.owner,
             conn=attempt.conn,
             namespace=self.namespace,
-            attempt=number if not manual else 1,
+            attempt=1 if run.manual else number,
         )
         run.executed = True
         try:
@@ -238,6 +249,7 @@ class Runner:
             owner=self.owner,
             report=run.report,
             error=run.error,
+            manual=run.manual,
         )
 
     async def _finish(
@@ -265,7 +277,7 @@ class Runner:
             if run.state is not None:
                 run.state.failed(result)
             try:
-                await self.coordinator.record_failure(result)
+                await self.coordinator.record_failure(result, job)
             except Exception:
                 logger.warning(
                     "could not record the %s of %s",

@@ -16,10 +16,19 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ._clock import Clock, SystemClock
-from ._coordination import FUTURE_LIMIT, Coordinator, FleetState, LocalCoordinator
+from ._coordination import (
+    FUTURE_LIMIT,
+    Control,
+    Coordinator,
+    Declared,
+    FleetState,
+    LocalCoordinator,
+)
 from ._dispatcher import Dispatcher, Entry
 from ._errors import ScheduleError, SchedulerStateError, StartupError
+from ._fleet import Fleet
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
+from ._operations import SchedulerFleet
 from ._plan import Plan, overdue_at, plan
 from ._runner import Runner
 from ._runs import Runs
@@ -97,6 +106,16 @@ class Scheduler:
         if self.postgres:
             self._add_retention()
         self._runner: Runner | None = None
+        self._started_at: datetime | None = None
+        self._fleet = SchedulerFleet(
+            self.namespace,
+            self.owner,
+            self._clock,
+            lambda: self._coordinator,
+            lambda: self.jobs,
+            self.health,
+            lambda: self._started_at,
+        )
 
     def _add_retention(self) -> None:
         from ._postgres.retention import Retention
@@ -278,6 +297,7 @@ class Scheduler:
             raise
         finally:
             self._status = "idle"
+            self._started_at = None
             self._runs = None
             for entry in self._entries.values():
                 self._dispatcher.forget(entry)
@@ -311,7 +331,11 @@ class Scheduler:
             self._start_job(entry, now)
         if states is None:  # the database did not answer: its ticks end as error meanwhile
             tg.start_soon(self._connect, name="ticklock.connect")
+        tg.start_soon(
+            self._coordinator.watch, self.owner, self._declared, self._apply, name="ticklock.watch"
+        )
         self._status = "running"
+        self._started_at = now
         user = sum(1 for job_id in self._entries if job_id != _RETENTION)
         logger.info(
             "scheduler started (%s mode, %d job%s%s, owner %s)",
@@ -387,7 +411,12 @@ class Scheduler:
         assert self._runner is not None
         try:
             result, state = await self._runner.execute(
-                job, entry.slot, entry.fire_at, entry.jitter, attempt=entry.attempt
+                job,
+                entry.slot,
+                entry.fire_at,
+                entry.jitter,
+                attempt=entry.attempt,
+                manual=entry.manual,
             )
         except Exception:  # a bug in ticklock itself must not stop the job
             logger.exception("internal error in a tick of %s", job.id)
@@ -408,10 +437,67 @@ class Scheduler:
 
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
         self._observe(entry, result, state)
+        entry.manual = False
         if entry.removed or self._status != "running":
             return
+        state = entry.state or _NO_STATE
+        if result.manual:
+            if state.trigger_at is None or result.outcome is Outcome.SUCCESS:
+                # served (or not ours to serve): back to the schedule, from the fleet's state
+                executed = result.outcome not in (Outcome.LOCKED, Outcome.SKIPPED)
+                self._plan(entry, result if executed else None)
+            else:  # failed to start: try again at the next beat, not in a loop
+                self._plan(entry, None)
+        elif state.trigger_at is not None:
+            self._serve_trigger(entry, state.trigger_at)  # asked for while this run ran
+        else:
+            self._plan(entry, result)
+
+    def _plan(self, entry: Entry, result: RunResult | None) -> None:
+        state = entry.state or _NO_STATE
+        self._dispatcher.schedule(entry, plan(entry.job, state, self._clock.now(), result))
+
+    def _serve_trigger(self, entry: Entry, at: datetime) -> None:
+        entry.manual = True
+        self._dispatcher.schedule(entry, Plan(at, 0.0))
+
+    def _declared(self) -> Declared:
+        jobs = self._entries.values()
+        return Declared(
+            tuple(e.job.id for e in jobs if e.job.enabled),
+            tuple(e.job.id for e in jobs if not e.job.enabled),
+        )
+
+    def _apply(self, controls: Mapping[str, Control]) -> None:
+        """Obey the operators: stop planning paused jobs, plan resumed ones again from the
+        fleet's state (their ``catch_up`` rule), and serve trigger requests."""
+        if self._status != "running":
+            return
         now = self._clock.now()
-        self._dispatcher.schedule(entry, plan(entry.job, entry.state or _NO_STATE, now, result))
+        for job_id, entry in self._entries.items():
+            if not entry.job.enabled:
+                continue
+            paused_at, trigger_at = controls.get(job_id, _NO_CONTROL)
+            state = entry.state
+            if state is None:
+                if paused_at is None and trigger_at is None:
+                    continue
+                state = entry.state = FleetState()
+            was = state.paused_at
+            state.paused_at, state.trigger_at = paused_at, trigger_at
+            if was is not None and paused_at is None:  # resumed: the pause is not overdue
+                base, paused = entry.credit
+                if base != state.last_success_at:
+                    base, paused = state.last_success_at, 0.0
+                entry.credit = (base, paused + max(0.0, (now - was).total_seconds()))
+            if entry.running or entry.removed:
+                continue  # the run's end plans from the state it read under the lock
+            if trigger_at is not None:
+                if not entry.manual:
+                    self._serve_trigger(entry, trigger_at)
+            elif (was is None) != (paused_at is None) or entry.manual:
+                entry.manual = False
+                self._plan(entry, None)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -436,6 +522,39 @@ class Scheduler:
             self._dispatcher.schedule(entry, plan(job, state, self._clock.now()))
         return result
 
+    @property
+    def fleet(self) -> Fleet:
+        """The jobs of this scheduler's namespace as operators see and steer them: in
+        PostgreSQL mode the whole fleet's (through this scheduler's pool, while it runs), in
+        local mode this process's. The CLI and the dashboard use the same operations."""
+        return self._fleet
+
+    async def pause(self, id: str) -> None:
+        """Pause job ``id``: no scheduled run of it starts until :meth:`resume` (a run in
+        flight finishes). Fleet-wide and persisted in PostgreSQL mode. Manual runs
+        (:meth:`trigger`, :meth:`run_now`) still run. Raises ``KeyError`` for an unknown id."""
+        await self._fleet.pause(id)
+
+    async def resume(self, id: str) -> None:
+        """Undo :meth:`pause`; the next slot follows the job's ``catch_up`` rule."""
+        await self._fleet.resume(id)
+
+    async def trigger(self, id: str) -> datetime:
+        """Ask the fleet for one run of job ``id`` as soon as possible, and return once the
+        request is recorded: some replica that declares the job runs it (slot = the returned
+        instant), under the same lock and watermark as any tick, recorded as a manual run.
+        A request that no run has served yet is not repeated. Raises ``KeyError`` for a job
+        that no live replica runs (unknown, or ``enabled=False``)."""
+        return await self._fleet.trigger(id)
+
+    def dashboard(self, *, actions: bool = False) -> Any:
+        """An ASGI app showing this scheduler's jobs, their history and the live replicas:
+        ``app.mount("/ticklock", scheduler.dashboard())``. ``actions=True`` adds pause,
+        resume and trigger buttons (POST, with a CSRF token). Needs ``ticklock[dashboard]``."""
+        from ._dashboard import create_app
+
+        return create_app(self._fleet, actions=actions)
+
     def health(self, now: datetime | None = None) -> list[JobHealth]:
         """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""
         clock_now = self._clock.now()
@@ -446,6 +565,7 @@ class Scheduler:
             job = entry.job
             state = entry.state or _NO_STATE
             next_fire = entry.fire_at if self._status == "running" else None
+            paused = state.paused_at is not None
             overdue = False
             base = state.last_success_at or entry.since
             if entry.held_at is not None and base is not None:
@@ -456,10 +576,13 @@ class Scheduler:
                 base = max(base, entry.held_at + timedelta(seconds=job.timeout))
             # judged whether or not the scheduler still runs: one that stopped while the
             # process lives on runs nothing, and must not keep saying every job is fine
-            if job.enabled and base is not None:
+            if job.enabled and base is not None and not paused:
                 limit = overdue_at(job, base)
+                credit_base, credit = entry.credit
+                if limit is not None and credit and credit_base == state.last_success_at:
+                    limit += timedelta(seconds=credit)
                 overdue = limit is not None and now > limit
-            if job.enabled and _future(state, clock_now):
+            if job.enabled and not paused and _future(state, clock_now):
                 # stored by a replica whose clock ran ahead: no replica runs the job until
                 # then, so it is overdue now (the database refuses such commits since)
                 overdue = True
@@ -470,6 +593,7 @@ class Scheduler:
                     next_fire=next_fire,
                     consecutive_failures=state.consecutive_failures,
                     overdue=overdue,
+                    paused=paused,
                 )
             )
         return result
@@ -498,6 +622,7 @@ class Scheduler:
 _RETENTION = "ticklock.retention"
 _LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an error
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
+_NO_CONTROL = Control(None, None)
 
 
 def _future(state: FleetState, now: datetime) -> bool:

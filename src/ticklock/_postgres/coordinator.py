@@ -31,16 +31,16 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from random import Random
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import anyio
 
 from .._clock import Clock
-from .._coordination import FUTURE_LIMIT, FleetState
+from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState
 from .._errors import (
     ClockAhead,
     DatabaseUnavailable,
@@ -52,8 +52,9 @@ from .._errors import (
 )
 from .._job import Job, Outcome, RunResult
 from .._lock_key import lock_key
-from .._plan import overdue_at
+from .._plan import next_due, overdue_at
 from .connection import ConnectionLease, Pooler, create_pool
+from .control import Watch
 from .sql import LEFTOVERS, RESET, Statements, begin, migrate
 
 if TYPE_CHECKING:
@@ -116,7 +117,9 @@ class _PgAttempt:
         report = None if result.report is None else json.dumps(result.report)
         with self._coordinator.shielded():
             try:
-                await self._write(result, report, overdue_at(job, result.finished_at))
+                await self._write(
+                    result, report, overdue_at(job, result.finished_at), next_due(job, result)
+                )
             except Exception as exc:
                 self._coordinator.lost(exc)
                 raise
@@ -127,7 +130,11 @@ class _PgAttempt:
             )
 
     async def _write(
-        self, result: RunResult, report: str | None, overdue_at: datetime | None
+        self,
+        result: RunResult,
+        report: str | None,
+        overdue_at: datetime | None,
+        next_due: datetime | None,
     ) -> None:
         assert self._con is not None
         c = self._coordinator
@@ -143,6 +150,8 @@ class _PgAttempt:
             overdue_at,
             self._tx,
             self._limit_ms,
+            result.manual,
+            next_due,
         )
         assert row is not None  # the statement returns one row
         written, same_tx, bounded, ahead = row
@@ -225,7 +234,7 @@ class PostgresCoordinator:
     ) -> None:
         self._dsn = dsn
         self._given = pool is not None  # a pool the user passed is never closed here
-        self._pooler = Pooler()
+        self.pooler = Pooler()
         self.pool: asyncpg.Pool[Any] | None = pool
         """The pool ticks use: the user's, or the one ticklock creates from ``dsn``."""
         self.namespace = namespace
@@ -241,12 +250,31 @@ class PostgresCoordinator:
         self._retry_delay = RETRY_FIRST
         self._transaction_timeout = False
         self.sql = Statements(schema)
+        self._watch: Watch | None = None
+
+    async def watch(
+        self,
+        owner: str,
+        declared: Callable[[], Declared],
+        apply: Callable[[Mapping[str, Control]], None],
+    ) -> NoReturn:
+        """Beat for this replica and obey pauses and triggers (see :mod:`.control`)."""
+        self._watch = Watch(self, self._dsn, self._clock, owner, declared, apply)
+        try:
+            await self._watch.run()
+        finally:
+            self._watch = None
+
+    def poke(self) -> None:
+        """Beat now."""
+        if self._watch is not None:
+            self._watch.poke()
 
     async def open(self) -> None:
         """Create the pool (unless one was given), then migrate and check the clock, or note
         that the database does not answer yet (see the class docstring)."""
         if self.pool is None:
-            self.pool = await create_pool(self._dsn, self._pooler)
+            self.pool = await create_pool(self._dsn, self.pooler)
         try:
             await self._prepare()
         except Exception as exc:
@@ -274,7 +302,7 @@ class PostgresCoordinator:
         raise DatabaseUnavailable(f"the database is not available ({self._cause})")
 
     async def _prepare(self) -> None:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             await migrate(conn, self.schema)
             self._transaction_timeout = conn.get_server_version().major >= 17
             await self._check_clock(conn)
@@ -340,14 +368,14 @@ class PostgresCoordinator:
     def reset(self) -> str:
         """:data:`RESET`, and behind a pooler (where ticklock prepares nothing by name, and a
         retired client connection does not end the server session) ``DEALLOCATE ALL``."""
-        return RESET + "DEALLOCATE ALL; " if self._pooler.unnamed else RESET
+        return RESET + "DEALLOCATE ALL; " if self.pooler.unnamed else RESET
 
     def shielded(self) -> anyio.CancelScope:
         """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
         return anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS)
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
+    async def connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
         """A connection for ticklock's own statements outside a tick (no session state)."""
         assert self.pool is not None, "the coordinator is not open"
         async with self.pool.acquire() as proxy:
@@ -396,7 +424,7 @@ class PostgresCoordinator:
             raise
 
     async def _load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             await conn.execute(
                 self.sql.register,
                 self.namespace,
@@ -463,15 +491,15 @@ class PostgresCoordinator:
             await attempt.close()
             raise
 
-    async def record_failure(self, result: RunResult) -> None:
+    async def record_failure(self, result: RunResult, job: Job) -> None:
         """Record a run that did not commit, in its own short transaction."""
         with self.shielded() as scope:
-            await self._record(result)
+            await self._record(result, next_due(job, result))
         if scope.cancelled_caught:
             raise TimeoutError(f"the record did not finish within {CLEANUP_SECONDS:g} s")
 
-    async def _record(self, result: RunResult) -> None:
-        async with self._connection() as conn:
+    async def _record(self, result: RunResult, next_due: datetime | None) -> None:
+        async with self.connection() as conn:
             await conn.execute(
                 self.sql.failure,
                 self.namespace,
@@ -482,6 +510,8 @@ class PostgresCoordinator:
                 result.outcome.value,
                 result.owner,
                 None if result.error is None else storable(result.error),
+                result.manual,
+                next_due,
             )
 
     def classify(self, exc: BaseException) -> Outcome | None:

@@ -1,6 +1,7 @@
 """ticklock's tables in PostgreSQL and their idempotent migration.
 
-``jobs`` holds one row of fleet state per ``(namespace, job_id)``; ``runs`` the history.
+``jobs`` holds one row of fleet state per ``(namespace, job_id)``; ``runs`` the history;
+``replicas`` one row per live scheduler (its heartbeat and the jobs it declares).
 The schema name is validated as a plain identifier and always quoted.
 """
 
@@ -14,7 +15,8 @@ from .._lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 2
+VERSION = 3
+_TABLES = ("schema_version", "jobs", "runs", "replicas")
 _MIGRATION_LOCK = "ticklock.migrate"
 
 
@@ -42,6 +44,11 @@ CREATE TABLE IF NOT EXISTS {s}.jobs (
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (namespace, job_id)
 );
+ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS paused_at timestamptz,
+    ADD COLUMN IF NOT EXISTS trigger_at timestamptz,
+    ADD COLUMN IF NOT EXISTS next_due timestamptz,
+    ADD COLUMN IF NOT EXISTS last_owner text,
+    ADD COLUMN IF NOT EXISTS last_error text;
 CREATE TABLE IF NOT EXISTS {s}.runs (
     id bigserial PRIMARY KEY,
     namespace text NOT NULL,
@@ -52,10 +59,22 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     outcome text NOT NULL,
     owner text NOT NULL,
     report jsonb,
-    error text
+    error text,
+    manual boolean NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS {s}.replicas (
+    namespace text NOT NULL,
+    owner text NOT NULL,
+    jobs text[] NOT NULL DEFAULT '{{}}',
+    disabled text[] NOT NULL DEFAULT '{{}}',
+    started_at timestamptz NOT NULL DEFAULT now(),
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, owner)
 );
 CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
 CREATE INDEX IF NOT EXISTS runs_finished ON {s}.runs (finished_at);
+CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace)
+    WHERE paused_at IS NOT NULL OR trigger_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer NOT NULL);
 INSERT INTO {s}.schema_version (version)
     SELECT {VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);
@@ -68,6 +87,9 @@ def upgrades(schema: str) -> dict[int, str]:
     return {
         1: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS failed_slot timestamptz, "
         "ADD COLUMN IF NOT EXISTS failed_attempts integer NOT NULL DEFAULT 0",
+        # the replicas table and the new columns of jobs come with migration(): a schema
+        # of version 2 lacks the table, so migrate() runs it first
+        2: f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false",
     }
 
 
@@ -84,11 +106,11 @@ async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
         await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
         absent = await conn.fetchval(
             "SELECT count(*) FILTER (WHERE to_regclass(t) IS NULL) FROM unnest($1::text[]) AS t",
-            [f"{s}.{table}" for table in ("schema_version", "jobs", "runs")],
+            [f"{s}.{table}" for table in _TABLES],
         )
-        if absent:  # all of them (a new schema), or some dropped: create what is missing
+        if absent:  # a new schema, one from before a table was added, or tables dropped
             await conn.execute(migration(schema))
-            if absent == 3:
+            if absent == len(_TABLES):
                 return "created"
         version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
         if version >= VERSION:
@@ -114,7 +136,8 @@ class Statements:
         self.state = (
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
             "coalesce(j.consecutive_failures, 0), j.failed_slot, "
-            f"coalesce(j.failed_attempts, 0) FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
+            "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at "
+            f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
         self.register = (
@@ -131,9 +154,11 @@ class Statements:
         )
         self.load = (
             "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, "
-            "consecutive_failures, failed_slot, failed_attempts "
+            "consecutive_failures, failed_slot, failed_attempts, paused_at, trigger_at "
             f"FROM {s}.jobs WHERE namespace = $1"
         )
+        # a manual run serves the trigger requests made up to its slot
+        served = "CASE WHEN {m} AND j.trigger_at <= $3 THEN NULL ELSE j.trigger_at END"
         within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
         self.commit = f"""
 WITH guard AS (
@@ -146,8 +171,8 @@ WITH guard AS (
             AS ahead
 ), j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
-        last_outcome, consecutive_failures, overdue_at, updated_at)
-    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, now() FROM guard
+        last_outcome, consecutive_failures, overdue_at, next_due, last_owner, updated_at)
+    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, $12, $6, now() FROM guard
     WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT}
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_slot = EXCLUDED.last_slot,
@@ -155,33 +180,55 @@ WITH guard AS (
         last_success_at = EXCLUDED.last_success_at,
         last_outcome = 'success', consecutive_failures = 0,
         failed_slot = NULL, failed_attempts = 0,
-        overdue_at = EXCLUDED.overdue_at, updated_at = now()
+        overdue_at = EXCLUDED.overdue_at, next_due = EXCLUDED.next_due,
+        last_owner = EXCLUDED.last_owner, updated_at = now(),
+        trigger_at = {served.format(m="$11")}
     WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot
     RETURNING 1
 ), r AS (
     INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
-        report)
-    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb FROM j
+        report, manual)
+    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11 FROM j
 )
 SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
+        # One statement per heartbeat: the replica's row (its job lists only when they
+        # changed: NULL keeps them), and the namespace's paused and triggered jobs.
+        self.beat = f"""
+WITH beat AS (
+    INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled)
+    VALUES ($1, $2, coalesce($3::text[], '{{}}'), coalesce($4::text[], '{{}}'))
+    ON CONFLICT (namespace, owner) DO UPDATE SET seen_at = now(),
+        jobs = coalesce($3::text[], r.jobs), disabled = coalesce($4::text[], r.disabled)
+    RETURNING xmax = 0 AS inserted
+)
+SELECT beat.inserted, j.job_id, j.paused_at, j.trigger_at FROM beat LEFT JOIN {s}.jobs AS j
+    ON j.namespace = $1 AND (j.paused_at IS NOT NULL OR j.trigger_at IS NOT NULL)"""
+        self.leave = f"DELETE FROM {s}.replicas WHERE namespace = $1 AND owner = $2"
         # A failure from a replica whose clock runs ahead is recorded, but it moves neither
         # the fixed delay nor the slot to retry: the healthy replicas go on running the job.
         sane = f"$4::timestamptz <= clock_timestamp() + interval '{FUTURE_LIMIT:g} s'"
         self.failure = f"""
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
-        consecutive_failures, failed_slot, failed_attempts, updated_at)
-    SELECT $1, $2, $4, $6, 1, $3, 1, now() WHERE {sane}
+        consecutive_failures, failed_slot, failed_attempts, next_due, last_owner, last_error,
+        updated_at)
+    SELECT $1, $2, $4, $6, 1, CASE WHEN $9::boolean THEN NULL ELSE $3::timestamptz END,
+        CASE WHEN $9 THEN 0 ELSE 1 END, $10, $7, $8, now() WHERE {sane}
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
         last_outcome = EXCLUDED.last_outcome,
         consecutive_failures = j.consecutive_failures + 1,
-        failed_attempts = CASE WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
-        failed_slot = $3, updated_at = now()
+        failed_attempts = CASE WHEN $9 THEN j.failed_attempts
+            WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
+        failed_slot = CASE WHEN $9 THEN j.failed_slot ELSE $3 END,
+        next_due = EXCLUDED.next_due, last_owner = EXCLUDED.last_owner,
+        last_error = EXCLUDED.last_error, trigger_at = {served.format(m="$9")},
+        updated_at = now()
     WHERE j.last_slot IS NULL OR j.last_slot < $3
 )
-INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error)
-VALUES ($1, $2, $3, $5, $4, $6, $7, $8)"""
+INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error,
+    manual)
+VALUES ($1, $2, $3, $5, $4, $6, $7, $8, $9)"""
 
 
 RESET = (

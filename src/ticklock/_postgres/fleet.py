@@ -1,0 +1,226 @@
+"""The fleet of one namespace, read and steered through ticklock's tables.
+
+Any process can use it: a replica (through its scheduler's pool), ``ticklock`` commands (one
+connection) and the standalone dashboard. Pause, resume and trigger are single statements that
+also NOTIFY the namespace's replicas (:mod:`.control`); the replicas obey them under each job's
+lock, so an operation made here reaches the whole fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from .._coordination import FUTURE_LIMIT
+from .._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
+from .._lock_key import lock_key
+from .control import CHANNEL, LIVE, payload
+from .sql import quote
+
+if TYPE_CHECKING:
+    import asyncpg
+
+Acquire = Callable[[], AbstractAsyncContextManager["asyncpg.Connection[Any]"]]
+
+
+def from_pool(pool: asyncpg.Pool[Any]) -> Acquire:
+    """``acquire`` for :class:`PostgresFleet` from an asyncpg pool."""
+
+    @asynccontextmanager
+    async def acquire() -> AsyncIterator[asyncpg.Connection[Any]]:
+        async with pool.acquire() as proxy:
+            yield cast("asyncpg.Connection[Any]", proxy)
+
+    return acquire
+
+
+def from_connection(conn: asyncpg.Connection[Any]) -> Acquire:
+    """``acquire`` for :class:`PostgresFleet` that lends one connection (the CLI's)."""
+
+    @asynccontextmanager
+    async def acquire() -> AsyncIterator[asyncpg.Connection[Any]]:
+        yield conn
+
+    return acquire
+
+
+class PostgresFleet:
+    """:class:`~ticklock._fleet.Fleet` over the tables in ``schema``, for ``namespace``."""
+
+    def __init__(self, acquire: Acquire, *, schema: str, namespace: str) -> None:
+        self._acquire = acquire
+        self.namespace = namespace
+        self._payload = payload(schema, namespace)
+        s = quote(schema)
+        recent = f"seen_at > now() - make_interval(secs => {LIVE:g})"
+        live = f"SELECT jobs, disabled FROM {s}.replicas WHERE namespace = $1 AND {recent}"
+        self._jobs = f"""
+WITH live AS ({live}), declared AS (
+    SELECT job_id, bool_or(enabled) AS enabled FROM (
+        SELECT unnest(jobs) AS job_id, true AS enabled FROM live
+        UNION ALL SELECT unnest(disabled), false FROM live) AS d
+    GROUP BY job_id
+)
+SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
+    coalesce(j.consecutive_failures, 0) AS consecutive_failures, j.last_error, j.last_owner,
+    j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue,
+    coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
+        AS future,
+    EXISTS (SELECT FROM live) AS fleet, d.enabled
+FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
+ORDER BY job_id"""
+        self._history = (
+            "SELECT job_id, slot, started_at, finished_at, outcome, owner, report::text, error, "
+            f"manual FROM {s}.runs WHERE namespace = $1 AND job_id = $2 "
+            "ORDER BY finished_at DESC, id DESC LIMIT $3"
+        )
+        self._exists = f"SELECT EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2)"
+        self._replicas = (
+            f"SELECT owner, started_at, seen_at, jobs || disabled AS jobs FROM {s}.replicas "
+            f"WHERE namespace = $1 AND {recent} ORDER BY owner"
+        )
+        notify = "SELECT pg_notify($3, $4)::text FROM u"  # one row if the job exists
+        where = "WHERE namespace = $1 AND job_id = $2 RETURNING 1"
+        self._pause = (
+            f"WITH u AS (UPDATE {s}.jobs SET paused_at = coalesce(paused_at, now()) {where}) "
+            + notify
+        )
+        # the time spent paused does not count toward overdue
+        self._resume = (
+            f"WITH u AS (UPDATE {s}.jobs SET paused_at = NULL, overdue_at = CASE WHEN "
+            "paused_at IS NULL THEN overdue_at ELSE overdue_at + (now() - paused_at) END "
+            f"{where}) " + notify
+        )
+        self._trigger = (
+            f"WITH u AS (UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) "
+            "WHERE namespace = $1 AND job_id = $2 RETURNING trigger_at) "
+            "SELECT trigger_at, pg_notify($3, $4)::text FROM u"
+        )
+        self._declared = (
+            f"WITH live AS ({live}) SELECT EXISTS (SELECT FROM live), "
+            "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs)), "
+            "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs || disabled))"
+        )
+        self._forget = (
+            f"WITH r AS (DELETE FROM {s}.runs WHERE namespace = $1 AND job_id = $2 RETURNING 1), "
+            f"j AS (DELETE FROM {s}.jobs WHERE namespace = $1 AND job_id = $2 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM j) + (SELECT count(*) FROM r)"
+        )
+
+    async def jobs(self) -> list[JobRecord]:
+        """Every job of the namespace that has a row or that a live replica declares."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._jobs, self.namespace, FUTURE_LIMIT)
+        return [
+            JobRecord(
+                job_id=row["job_id"],
+                state=_state(row),
+                last_success=row["last_success_at"],
+                last_outcome=row["last_outcome"],
+                next_due=row["next_due"],
+                consecutive_failures=row["consecutive_failures"],
+                last_error=row["last_error"],
+                last_owner=row["last_owner"],
+                paused_at=row["paused_at"],
+                trigger_at=row["trigger_at"],
+            )
+            for row in rows
+        ]
+
+    async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._history, self.namespace, job_id, limit)
+            if not rows and not await conn.fetchval(self._exists, self.namespace, job_id):
+                raise self._unknown(job_id)
+        return [
+            RunRecord(
+                job_id=row["job_id"],
+                slot=row["slot"],
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                outcome=row["outcome"],
+                owner=row["owner"],
+                report=None if row["report"] is None else json.loads(row["report"]),
+                error=row["error"],
+                manual=row["manual"],
+            )
+            for row in rows
+        ]
+
+    async def replicas(self) -> list[Replica]:
+        """The live replicas: those that reported in within the last minute."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._replicas, self.namespace)
+        return [
+            Replica(row["owner"], row["started_at"], row["seen_at"], tuple(row["jobs"]))
+            for row in rows
+        ]
+
+    async def pause(self, job_id: str) -> None:
+        """Pause the job fleet-wide (a pause already in force keeps its instant)."""
+        await self._steer(self._pause, job_id)
+
+    async def resume(self, job_id: str) -> None:
+        """Resume the job fleet-wide."""
+        await self._steer(self._resume, job_id)
+
+    async def trigger(self, job_id: str) -> datetime:
+        """Ask the fleet for one run now; refused (``KeyError``) when live replicas run and
+        none declares the job enabled. A request not served yet keeps its instant."""
+        async with self._acquire() as conn:
+            fleet, enabled, _ = await self._declaration(conn, job_id)
+            if fleet and not enabled:
+                raise KeyError(
+                    f"no live replica runs job {job_id!r} (it is not declared, or declared "
+                    "with enabled=False), so none would serve the request"
+                )
+            row = await conn.fetchrow(self._trigger, self.namespace, job_id, CHANNEL, self._payload)
+        if row is None:
+            raise self._unknown(job_id)
+        return cast(datetime, row["trigger_at"])
+
+    async def forget(self, job_id: str) -> None:
+        """Delete the job's state and history, under its lock."""
+        async with self._acquire() as conn, conn.transaction():
+            *_, declared = await self._declaration(conn, job_id)
+            if declared:
+                raise JobDeclared(
+                    f"a live replica declares job {job_id!r}: remove it from the code and "
+                    f"deploy first (a replica that stopped drops out after {LIVE:g} s)"
+                )
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(self.namespace, job_id))
+            if not await conn.fetchval(self._forget, self.namespace, job_id):
+                raise self._unknown(job_id)
+
+    async def _declaration(self, conn: asyncpg.Connection[Any], job_id: str) -> tuple[bool, ...]:
+        """Whether replicas are live; whether one declares the job enabled; or at all."""
+        row = await conn.fetchrow(self._declared, self.namespace, job_id)
+        assert row is not None
+        return tuple(row)
+
+    async def _steer(self, statement: str, job_id: str) -> None:
+        async with self._acquire() as conn:
+            done = await conn.fetch(statement, self.namespace, job_id, CHANNEL, self._payload)
+        if not done:
+            raise self._unknown(job_id)
+
+    def _unknown(self, job_id: str) -> KeyError:
+        return KeyError(f"no job {job_id!r} in namespace {self.namespace!r}")
+
+
+def _state(row: asyncpg.Record) -> JobState:
+    if row["fleet"] and row["enabled"] is None:
+        return JobState.UNDECLARED  # live replicas run, none declares it
+    if row["fleet"] and not row["enabled"]:
+        return JobState.DISABLED
+    if row["paused_at"] is not None:
+        return JobState.PAUSED
+    if row["future"]:
+        return JobState.FUTURE
+    if row["overdue"]:
+        return JobState.OVERDUE
+    return JobState.OK
