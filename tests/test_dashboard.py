@@ -94,6 +94,8 @@ class MemoryFleet:
 
     async def trigger(self, job_id: str) -> datetime:
         job = self._known(job_id)
+        if job.state in (JobState.DISABLED, JobState.UNDECLARED):  # as the real fleets refuse
+            raise KeyError(f"no live replica runs job {job_id!r}")
         self.calls.append(("trigger", job_id))
         at = datetime.now(UTC)
         self._jobs[job_id] = replace(job, trigger_at=at)
@@ -555,6 +557,7 @@ def test_actions_need_the_csrf_token_and_the_same_origin() -> None:
         resumed = call(base + "/jobs/held/resume", {"csrf": token}, Origin=base, Cookie=jar)
         unknown = call(base + "/jobs/nope/pause", {"csrf": token}, Origin=base, Cookie=jar)
         verb = call(base + "/jobs/late/forget", {"csrf": token}, Origin=base, Cookie=jar)
+        disabled = call(base + "/jobs/off/trigger", {"csrf": token}, Origin=base, Cookie=jar)
     assert set_cookie is not None
     attributes = {part.strip().lower() for part in set_cookie.split(";")[1:]}
     assert {"httponly", "samesite=strict", "path=/"} <= attributes
@@ -568,7 +571,8 @@ def test_actions_need_the_csrf_token_and_the_same_origin() -> None:
         by_referer.status == 303 and by_referer.headers["location"] == "/?done=triggered&job=late"
     )
     assert resumed.status == 303
-    assert unknown.status == 404 and verb.status == 404
+    assert unknown.status == 404 and "unknown job: nope" in unknown.body and verb.status == 404
+    assert disabled.status == 404 and "no live replica runs job &#39;off&#39;" in disabled.body
     assert fleet.calls == [("pause", "late"), ("trigger", "late"), ("resume", "held")]
 
 

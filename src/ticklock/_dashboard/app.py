@@ -90,7 +90,7 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
             return await call()
         except Exception as exc:
             if isinstance(exc, KeyError) and job_id is not None:
-                raise _Problem(404, f"unknown job: {job_id}") from None
+                raise _Problem(404, _unknown(exc, job_id)) from None
             logger.warning("dashboard: the fleet did not answer: %s", describe(exc))
             raise _Problem(503, _unavailable(exc)) from None
 
@@ -360,6 +360,13 @@ def _note(request: Request) -> str | None:
         return None
     job_id = request.query_params.get("job") or request.path_params.get("job_id")
     return f"{done.capitalize()}: {job_id}" if job_id else f"{done.capitalize()}."
+
+
+def _unknown(exc: KeyError, job_id: str) -> str:
+    """What a 404 says: the fleet's own message (``trigger`` explains why it refuses), or
+    ``unknown job: <id>`` for a bare ``KeyError(job_id)``."""
+    said = exc.args[0] if len(exc.args) == 1 else None
+    return said if isinstance(said, str) and said and said != job_id else f"unknown job: {job_id}"
 
 
 def _unavailable(exc: Exception) -> str:
