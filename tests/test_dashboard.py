@@ -508,6 +508,18 @@ def test_a_failing_fleet_is_a_503_with_a_short_message_never_a_traceback(
     assert page.status == 200 and fleet.calls == []
 
 
+def test_a_bug_in_the_dashboard_is_a_plain_500_without_a_traceback() -> None:
+    fleet = sample_fleet()
+    fleet._jobs["late"] = replace(fleet._jobs["late"], last_success="not a datetime")  # type: ignore[arg-type]
+    with serve(create_app(fleet)) as base:
+        broken = call(base + "/")
+        other = call(base + "/api/replicas")  # the server goes on serving
+    assert broken.status == 500 and "internal error in the ticklock dashboard" in broken.body
+    assert "Traceback" not in broken.body and "AttributeError" not in broken.body
+    assert broken.headers["content-security-policy"].startswith("default-src 'none'")
+    assert other.status == 200
+
+
 # --- actions -----------------------------------------------------------------------------------
 
 

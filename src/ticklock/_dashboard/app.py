@@ -208,6 +208,8 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
             except Exception:  # the page itself failed: say it in plain text
                 response = PlainTextResponse(message, status_code=status)
         response.headers.update(headers)
+        for name, value in SECURITY_HEADERS.items():  # a 500 is sent outside the middleware
+            response.headers.setdefault(name, value)
         return response
 
     routes = [
