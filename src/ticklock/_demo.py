@@ -11,7 +11,7 @@ from itertools import islice
 
 import anyio
 
-from ._cli import first_fires
+from ._cli.app import first_fires
 from ._job import JobContext
 from ._scheduler import Scheduler
 from ._triggers import cron, every

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import asyncpg
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
+    from starlette.applications import Starlette
 
 F = TypeVar("F", bound=Handler)
 _State = Literal["idle", "starting", "running", "stopping"]
@@ -547,7 +548,7 @@ class Scheduler:
         that no live replica runs (unknown, or ``enabled=False``)."""
         return await self._fleet.trigger(id)
 
-    def dashboard(self, *, actions: bool = False) -> Any:
+    def dashboard(self, *, actions: bool = False) -> Starlette:
         """An ASGI app showing this scheduler's jobs, their history and the live replicas:
         ``app.mount("/ticklock", scheduler.dashboard())``. ``actions=True`` adds pause,
         resume and trigger buttons (POST, with a CSRF token). Needs ``ticklock[dashboard]``."""

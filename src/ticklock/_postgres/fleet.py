@@ -77,6 +77,7 @@ ORDER BY job_id"""
             f"manual FROM {s}.runs WHERE namespace = $1 AND job_id = $2 "
             "ORDER BY finished_at DESC, id DESC LIMIT $3"
         )
+        self._namespaces = f"SELECT DISTINCT namespace FROM {s}.jobs ORDER BY namespace"
         self._exists = f"SELECT EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2)"
         self._replicas = (
             f"SELECT owner, started_at, seen_at, jobs || disabled AS jobs FROM {s}.replicas "
@@ -129,6 +130,12 @@ ORDER BY job_id"""
             )
             for row in rows
         ]
+
+    async def namespaces(self) -> list[str]:
+        """Every namespace with jobs in the schema (for a status that found none)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._namespaces)
+        return [row[0] for row in rows]
 
     async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
         """The job's last ``limit`` runs, newest first."""

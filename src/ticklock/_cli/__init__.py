@@ -1,0 +1,5 @@
+"""The command line: ``ticklock`` (also ``python -m ticklock``)."""
+
+from .main import main
+
+__all__ = ["main"]

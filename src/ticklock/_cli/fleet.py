@@ -1,0 +1,290 @@
+"""The commands on a fleet's database: ``status``, ``history``, ``pause``, ``resume``,
+``trigger``, ``forget``, ``migrate`` and ``dashboard``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from .._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
+from .._postgres.fleet import PostgresFleet, from_connection
+from .app import label
+from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
+
+_ALARMS = (JobState.OVERDUE, JobState.FUTURE)  # the states that make ``status`` exit 1
+
+
+@asynccontextmanager
+async def _fleet(args: argparse.Namespace) -> AsyncIterator[PostgresFleet]:
+    """The fleet of ``--namespace`` over one connection to ``--dsn``."""
+    import asyncpg
+
+    from .._postgres.connection import connect
+
+    conn, _ = await connect(args.dsn)
+    try:
+        yield PostgresFleet(from_connection(conn), schema=args.schema, namespace=args.namespace)
+    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+        raise CommandError(
+            f"no ticklock tables in schema {args.schema!r} of this database: run 'ticklock "
+            "migrate' (a scheduler also creates them when it starts), or give --schema the "
+            "schema your schedulers use"
+        ) from None
+    finally:
+        await conn.close()
+
+
+def _when(at: datetime | None) -> str:
+    return at.isoformat(timespec="seconds") if at is not None else "-"
+
+
+def _json(value: Any) -> str:
+    def encode(obj: Any) -> Any:
+        if isinstance(obj, datetime):
+            return obj.isoformat()
+        raise TypeError(type(obj).__name__)
+
+    return json.dumps(value, default=encode, ensure_ascii=False, indent=2)
+
+
+def _one_line(text: str | None, width: int = 60) -> str:
+    if not text:
+        return "-"
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+async def status(args: argparse.Namespace) -> int:
+    """Every job of the namespace and the live replicas; exit 1 if a job is overdue."""
+    async with _fleet(args) as fleet:
+        jobs = await fleet.jobs()
+        replicas = await fleet.replicas()
+        others = [] if jobs else await fleet.namespaces()
+    if not jobs:
+        found = ", ".join(repr(namespace) for namespace in others)
+        print(
+            f"ticklock: no jobs in namespace {args.namespace!r} (schema {args.schema!r}): "
+            "no scheduler of that namespace has started on this database"
+            + (f"; namespaces with jobs: {found}" if found else ""),
+            file=sys.stderr,
+        )
+        return EXIT_NOT_OK
+    alarm = any(job.state in _ALARMS for job in jobs)
+    if args.json:
+        print(
+            _json(
+                {
+                    "namespace": args.namespace,
+                    "jobs": jobs_json(jobs),
+                    "replicas": [replica_json(r) for r in replicas],
+                }
+            )
+        )
+        return EXIT_NOT_OK if alarm else EXIT_OK
+    width = max(24, *(len(label(job.job_id)) for job in jobs))
+    print(
+        f"{'job':<{width}}  {'status':<10}  {'last success':<25}  {'last outcome':<12}  "
+        f"{'fails':>5}  {'next due':<25}  {'last owner':<20}  last error"
+    )
+    for job in jobs:
+        state = job.state.value.upper() if job.state is not JobState.OK else "ok"
+        if job.trigger_at is not None:
+            state += "+TRIGGER"
+        print(
+            f"{label(job.job_id):<{width}}  {state:<10}  {_when(job.last_success):<25}  "
+            f"{job.last_outcome or '-':<12}  {job.consecutive_failures:>5}  "
+            f"{_when(job.next_due):<25}  {job.last_owner or '-':<20}  "
+            f"{_one_line(job.last_error) if job.consecutive_failures else '-'}"
+        )
+    print()
+    if replicas:
+        print(f"live replicas ({len(replicas)}):")
+        for replica in replicas:
+            print(
+                f"  {replica.owner}  up since {_when(replica.started_at)}, last seen "
+                f"{_when(replica.seen_at)}, {len(replica.jobs)} jobs"
+            )
+    else:
+        print("live replicas: none reported in the last minute")
+    return EXIT_NOT_OK if alarm else EXIT_OK
+
+
+def jobs_json(jobs: list[JobRecord]) -> list[dict[str, Any]]:
+    """``status --json``'s jobs."""
+    return [
+        {
+            "job_id": j.job_id,
+            "state": j.state.value,
+            "last_success": j.last_success,
+            "last_outcome": j.last_outcome,
+            "next_due": j.next_due,
+            "consecutive_failures": j.consecutive_failures,
+            "last_error": j.last_error,
+            "last_owner": j.last_owner,
+            "paused_at": j.paused_at,
+            "trigger_at": j.trigger_at,
+        }
+        for j in jobs
+    ]
+
+
+def replica_json(replica: Replica) -> dict[str, Any]:
+    """``status --json``'s replicas."""
+    return {
+        "owner": replica.owner,
+        "started_at": replica.started_at,
+        "seen_at": replica.seen_at,
+        "jobs": list(replica.jobs),
+    }
+
+
+def _run_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "slot": run.slot,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "duration": run.duration,
+        "outcome": run.outcome,
+        "owner": run.owner,
+        "manual": run.manual,
+        "report": run.report,
+        "error": run.error,
+    }
+
+
+async def history(args: argparse.Namespace) -> int:
+    """The job's last runs, newest first."""
+    if args.limit < 1:
+        raise CommandError(f"--limit must be at least 1, got {args.limit}")
+    async with _fleet(args) as fleet:
+        try:
+            runs = await fleet.history(args.job, args.limit)
+        except KeyError as exc:
+            return _refused(exc)
+    if args.json:
+        print(_json([_run_json(run) for run in runs]))
+        return EXIT_OK
+    print(f"{'finished':<25}  {'slot':<25}  {'outcome':<9}  {'seconds':>8}  {'owner':<20}  note")
+    for run in runs:
+        note = "manual " if run.manual else ""
+        if run.error:
+            note += _one_line(run.error)
+        elif run.report is not None:
+            note += _one_line(json.dumps(run.report, ensure_ascii=False))
+        print(
+            f"{_when(run.finished_at):<25}  {_when(run.slot):<25}  {run.outcome:<9}  "
+            f"{run.duration:>8.3f}  {run.owner:<20}  {note or '-'}"
+        )
+    if not runs:
+        print(f"(no runs of {args.job!r} recorded)")
+    return EXIT_OK
+
+
+async def pause(args: argparse.Namespace) -> int:
+    """Pause a job fleet-wide."""
+    async with _fleet(args) as fleet:
+        try:
+            await fleet.pause(args.job)
+        except KeyError as exc:
+            return _refused(exc)
+    print(f"ticklock: paused {args.job!r}: no replica starts a scheduled run of it from now on")
+    return EXIT_OK
+
+
+async def resume(args: argparse.Namespace) -> int:
+    """Resume a paused job fleet-wide."""
+    async with _fleet(args) as fleet:
+        try:
+            await fleet.resume(args.job)
+        except KeyError as exc:
+            return _refused(exc)
+    print(f"ticklock: resumed {args.job!r}")
+    return EXIT_OK
+
+
+async def trigger(args: argparse.Namespace) -> int:
+    """Ask the fleet for one run of a job now."""
+    async with _fleet(args) as fleet:
+        try:
+            at = await fleet.trigger(args.job)
+        except KeyError as exc:
+            return _refused(exc)
+    print(
+        f"ticklock: asked the fleet to run {args.job!r} (slot {_when(at)}); "
+        f"'ticklock history {args.job}' shows the run"
+    )
+    return EXIT_OK
+
+
+async def forget(args: argparse.Namespace) -> int:
+    """Delete the state and history of a job no live replica declares."""
+    async with _fleet(args) as fleet:
+        try:
+            await fleet.forget(args.job)
+        except (KeyError, JobDeclared) as exc:
+            return _refused(exc)
+    print(f"ticklock: forgot {args.job!r}: its state and history are deleted")
+    return EXIT_OK
+
+
+def _refused(exc: BaseException) -> int:
+    message = exc.args[0] if exc.args else str(exc)
+    print(f"ticklock: {message}", file=sys.stderr)
+    return EXIT_NOT_OK
+
+
+async def migrate(args: argparse.Namespace) -> int:
+    """Create or upgrade ticklock's tables."""
+    from .._postgres.connection import connect
+    from .._postgres.sql import VERSION
+    from .._postgres.sql import migrate as run_migration
+
+    conn, _ = await connect(args.dsn)
+    try:
+        done = await run_migration(conn, args.schema)
+    finally:
+        await conn.close()
+    where = f"ticklock's tables in schema {args.schema!r}"
+    if done == "created":
+        print(f"ticklock: created {where} (version {VERSION})")
+    elif done == "upgraded":
+        print(f"ticklock: upgraded {where} to version {VERSION}")
+    else:
+        print(f"ticklock: {where} are already at version {VERSION}; nothing to do")
+    return EXIT_OK
+
+
+async def dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard of the namespace until SIGTERM or SIGINT."""
+    try:
+        import uvicorn
+
+        from .._dashboard import create_app
+    except ImportError as exc:
+        raise CommandError(
+            f"the dashboard needs its extra: pip install 'ticklock[dashboard]' ({exc})"
+        ) from None
+    from .._postgres.connection import Pooler, create_pool
+    from .._postgres.fleet import from_pool
+
+    pool = await create_pool(args.dsn, Pooler())
+    try:
+        fleet = PostgresFleet(from_pool(pool), schema=args.schema, namespace=args.namespace)
+        app = create_app(fleet, actions=args.actions)
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, root_path=args.root_path, log_level="warning"
+        )
+        print(
+            f"ticklock: dashboard of namespace {args.namespace!r} on "
+            f"http://{args.host}:{args.port}/ ({'with' if args.actions else 'no'} actions)",
+            flush=True,
+        )
+        await uvicorn.Server(config).serve()
+    finally:
+        await pool.close()
+    return EXIT_OK

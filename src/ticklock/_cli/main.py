@@ -1,0 +1,138 @@
+"""The ``ticklock`` command: its parser, and one line and an exit code for every mistake."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from .._errors import ScheduleError, StartupError
+from .._logging import FORMAT
+from .._validate import dsn as valid_dsn
+from .._validate import redact
+from . import app, fleet
+from .errors import EXIT_ERROR, CommandError
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_COMMANDS = (
+    ("run", "run a scheduler from your code as a sidecar process", app.run),
+    ("jobs", "list a scheduler's jobs and their next fire times", app.jobs),
+    ("demo", "run a demo scheduler in local mode, printing each run", app.demo),
+    ("status", "show the fleet's jobs and live replicas; exit 1 if a job is overdue", fleet.status),
+    ("history", "show a job's last runs, newest first", fleet.history),
+    ("pause", "pause a job on every replica (a run in flight finishes)", fleet.pause),
+    ("resume", "resume a paused job", fleet.resume),
+    ("trigger", "ask the fleet to run a job once, now", fleet.trigger),
+    ("forget", "delete the state and history of a job no live replica declares", fleet.forget),
+    ("migrate", "create or update ticklock's tables", fleet.migrate),
+    ("dashboard", "serve the fleet's dashboard (needs ticklock[dashboard])", fleet.dashboard),
+)
+_ON_DATABASE = {"status", "history", "pause", "resume", "trigger", "forget", "migrate", "dashboard"}
+_ON_JOB = ("history", "pause", "resume", "trigger", "forget")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ticklock",
+        description="Periodic jobs inside your process, once across replicas.",
+        epilog="Exit codes: 0 ok; 1 'status' found an overdue job, a job was not found, or an "
+        "operation was refused; 2 usage, import or connection error. The database commands "
+        "take the DSN from --dsn or the TICKLOCK_DSN variable.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = {}
+    for name, helptext, func in _COMMANDS:
+        on_database = name in _ON_DATABASE
+        p = commands[name] = sub.add_parser(
+            name, help=helptext, description=helptext if on_database else None
+        )
+        p.set_defaults(func=func, needs_dsn=on_database)
+        if on_database or name == "run":
+            p.add_argument(
+                "--dsn",
+                help="PostgreSQL connection string, e.g. postgresql://user@host/db "
+                "(default: $TICKLOCK_DSN)",
+            )
+        if on_database:
+            p.add_argument("--schema", default="ticklock", help="schema of ticklock's tables")
+        if on_database and name != "migrate":
+            p.add_argument("--namespace", default="default", help="the application namespace")
+        if name in _ON_JOB:
+            p.add_argument("job", metavar="JOB", help="the job's id")
+        if name in ("status", "history"):
+            p.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    commands["run"].add_argument(
+        "target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler"
+    )
+    commands["run"].add_argument(
+        "--log-level", default="INFO", help="log level of the 'ticklock' logger"
+    )
+    commands["jobs"].add_argument("target", help="MODULE:ATTR naming a ticklock.Scheduler")
+    commands["jobs"].add_argument(
+        "--count", type=int, default=5, help="how many fire times to show (default 5)"
+    )
+    commands["demo"].add_argument(
+        "--seconds", type=float, default=None, help="stop after this many seconds"
+    )
+    commands["history"].add_argument(
+        "--limit", type=int, default=20, help="how many runs to show (default 20)"
+    )
+    dashboard = commands["dashboard"]
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    dashboard.add_argument("--port", type=int, default=8080, help="port to listen on")
+    dashboard.add_argument(
+        "--actions", action="store_true", help="add pause, resume and trigger buttons"
+    )
+    dashboard.add_argument(
+        "--root-path", default="", help="the path prefix a reverse proxy strips (e.g. /ticklock)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ticklock`` command."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format=FORMAT)
+    try:
+        _check(args)
+        func = args.func
+        return int(anyio.run(func, args) if inspect.iscoroutinefunction(func) else func(args))
+    except (CommandError, ScheduleError) as exc:  # their messages never hold a password
+        print(f"ticklock: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except StartupError as exc:  # the scheduler has logged it, as one ERROR line
+        if not logging.getLogger("ticklock").isEnabledFor(logging.ERROR):
+            print(f"ticklock: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:
+        database = type(exc).__module__.startswith("asyncpg")
+        if not database and not isinstance(exc, (OSError, ImportError)):
+            raise  # a bug, not the user's mistake: the traceback is wanted
+        message = str(exc)
+        if getattr(args, "dsn", None):
+            message = message.replace(args.dsn, redact(args.dsn))
+        kind = "database error: " if database else ""
+        print(f"ticklock: {kind}{type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--log-level`` or DSN before anything runs; apply the log level."""
+    level = getattr(args, "log_level", "INFO")
+    if level.upper() not in _LEVELS:
+        raise CommandError(f"--log-level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    logging.getLogger("ticklock").setLevel(level.upper())
+    if not hasattr(args, "dsn"):
+        return
+    source = "--dsn"
+    if args.dsn is None:
+        args.dsn, source = os.environ.get("TICKLOCK_DSN") or None, "TICKLOCK_DSN"
+    if args.dsn is not None:
+        valid_dsn(args.dsn, source)
+    elif args.needs_dsn:
+        raise CommandError(f"{args.command} needs --dsn or the TICKLOCK_DSN variable")
