@@ -75,7 +75,7 @@ class Replicas:
             OPS_SCENARIO=scenario,
             OPS_OWNER=owner,
             OPS_SCHEMA=self.schema,
-            PYTHONPATH=str(TESTS),
+            PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])),
         )
         if dsn is not None:
             env["OPS_DSN"] = dsn
@@ -357,13 +357,17 @@ async def test_a_trigger_from_the_cli_runs_the_job_once_on_one_of_the_replicas(
     assert await job_row(pg_conn, s, "rare") is not None
 
     first = await trigger_once(ops, pg_conn, "rare", 0)
-    # both replicas heard the request; the one that lost the race found it served
+    # both replicas heard the request and raced for it: one ran it; the other found the lock
+    # held, or took it after the run and found the request served
     await anyio.sleep(2)
     assert len(await manual_runs(pg_conn, s, "rare")) == 1
     assert (await job_row(pg_conn, s, "rare"))["trigger_at"] is None
 
-    second = await trigger_once(ops, pg_conn, "rare", 1)
-    assert second["slot"] > first["slot"]
+    # later requests each run once more (and race again)
+    slots = [first["slot"]]
+    for done in (1, 2):
+        slots.append((await trigger_once(ops, pg_conn, "rare", done))["slot"])
+    assert slots == sorted(set(slots))
 
     off = await ops.cli("trigger", "off")
     assert off.code == 1, off
@@ -374,12 +378,10 @@ async def test_a_trigger_from_the_cli_runs_the_job_once_on_one_of_the_replicas(
 
     await anyio.sleep(1)
     runs = await manual_runs(pg_conn, s, "rare")
-    assert len(runs) == 2, runs
+    assert len(runs) == 3, runs
     logged = await pg_conn.fetch(f"SELECT slot FROM {s}.log WHERE job = 'rare' ORDER BY tx")
-    assert [r["slot"] for r in logged] == [first["slot"], second["slot"]]  # committed once each
+    assert [r["slot"] for r in logged] == slots  # each committed once
     assert await pg_conn.fetchval(f"SELECT count(*) FROM {s}.runs WHERE job_id = 'off'") == 0
-    for owner in ("A", "B"):
-        assert ops.stop(owner) == 0, ops.output(owner)
     for owner in ("A", "B"):
         assert ops.stop(owner) == 0, ops.output(owner)
 
