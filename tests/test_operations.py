@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import pytest
@@ -96,8 +96,15 @@ class Replicas:
     ) -> subprocess.Popen[bytes]:
         """``ticklock run ops_app:scheduler`` as replica ``owner``."""
         argv = [sys.executable, "-m", "ticklock", "run", "ops_app:scheduler", "--dsn"]
-        argv += [dsn or self.dsn, "--log-level", log_level]
+        argv += [self.tagged(dsn or self.dsn), "--log-level", log_level]
         return self.popen(owner, argv, self.env(owner, scenario))
+
+    def tagged(self, dsn: str) -> str:
+        """``dsn`` with ``application_name`` = the schema: this test's sessions in
+        ``pg_stat_activity`` (PgBouncer passes the name on to its server sessions)."""
+        parts = urlsplit(dsn)
+        query = urlencode([*parse_qsl(parts.query), ("application_name", self.schema)])
+        return urlunsplit(parts._replace(query=query))
 
     def output(self, owner: str) -> str:
         return (self.tmp / f"{owner}.log").read_text()
@@ -196,10 +203,14 @@ async def last_run(conn: Any, schema: str, job: str) -> datetime | None:
     return last
 
 
-async def listeners(conn: Any) -> int:
-    """Sessions whose last statement was a LISTEN (a replica's listener does nothing else)."""
+async def sessions(conn: Any, schema: str, listening: bool = False) -> int:
+    """The replicas' sessions (tagged with the schema, see :meth:`Replicas.tagged`), or those
+    of them whose last statement was a LISTEN (a replica's listener does nothing else)."""
     count: int = await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'"
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+        "AND (NOT $2 OR query LIKE 'LISTEN %')",
+        schema,
+        listening,
     )
     return count
 
@@ -240,7 +251,7 @@ async def test_a_pause_from_the_cli_stops_every_replica_survives_restarts_and_re
     await wait_run(pg_conn, s, "steady", start, "steady to run")
 
     async def both_listen() -> bool:  # the path under test here is NOTIFY, not the poll
-        return await listeners(pg_conn) == 2
+        return await sessions(pg_conn, s, listening=True) == 2
 
     await eventually(both_listen, 20, "both replicas to LISTEN")
 
@@ -444,7 +455,9 @@ async def test_behind_pgbouncer_the_replicas_poll_and_still_obey_within_five_sec
     await wait_live(pg_conn, s, {"A", "B"})
     start = await db_now(pg_conn)
     await wait_run(pg_conn, s, "steady", start, "steady to run through the bouncer")
-    assert await listeners(pg_conn) == 0, "a replica listens: the poll would not be under test"
+    assert await sessions(pg_conn, s) > 0  # the replicas' sessions are there to be seen
+    listening = await sessions(pg_conn, s, listening=True)
+    assert listening == 0, "a replica listens: the poll would not be under test"
 
     paused = await ops.cli("pause", "steady", dsn=bouncer)
     assert paused.code == 0, paused
@@ -624,7 +637,7 @@ CREATE TRIGGER beat AFTER INSERT OR UPDATE ON {s}.replicas
     await wait_live(pg_conn, s, {"I"})
 
     async def listening() -> bool:
-        return await listeners(pg_conn) == 1
+        return await sessions(pg_conn, s, listening=True) == 1
 
     await eventually(listening, 20, "the replica to LISTEN")
     await anyio.sleep(1)  # the beat that follows the LISTEN
