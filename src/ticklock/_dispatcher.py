@@ -112,6 +112,7 @@ class Entry:
         "running",
         "since",
         "slot",
+        "steered",
         "state",
     )
 
@@ -133,6 +134,7 @@ class Entry:
         # read the fleet's state: that run's outcome is learnt at the next attempt
         self.held_at: datetime | None = None
         self.manual = False  # the next run serves a trigger request (its slot)
+        self.steered = False  # operators changed its pause or trigger while it ran
         # (last success, seconds paused since): the time a job was paused is not overdue
         self.credit: tuple[datetime | None, float] = (None, 0.0)
 

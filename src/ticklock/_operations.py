@@ -150,7 +150,8 @@ class SchedulerFleet:
         if job_id in self._jobs():
             raise JobDeclared(f"job {job_id!r} is declared: remove it from the scheduler first")
         local = self._local()
-        if local.states.pop(job_id, None) is None and local.history.pop(job_id, None) is None:
+        state, runs = local.states.pop(job_id, None), local.history.pop(job_id, None)
+        if state is None and runs is None:
             raise KeyError(f"no job {job_id!r}")
 
     def _known(self, job_id: str) -> None:

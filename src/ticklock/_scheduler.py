@@ -439,6 +439,9 @@ class Scheduler:
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
         self._observe(entry, result, state)
         entry.manual = False
+        if entry.steered:  # paused, resumed or triggered while it ran
+            entry.steered = False
+            self._coordinator.poke()
         if entry.removed or self._status != "running":
             return
         state = entry.state or _NO_STATE
@@ -484,15 +487,20 @@ class Scheduler:
                 if paused_at is None and trigger_at is None:
                     continue
                 state = entry.state = FleetState()
-            was = state.paused_at
+            was, asked = state.paused_at, state.trigger_at
             state.paused_at, state.trigger_at = paused_at, trigger_at
             if was is not None and paused_at is None:  # resumed: the pause is not overdue
                 base, paused = entry.credit
                 if base != state.last_success_at:
                     base, paused = state.last_success_at, 0.0
                 entry.credit = (base, paused + max(0.0, (now - was).total_seconds()))
-            if entry.running or entry.removed:
-                continue  # the run's end plans from the state it read under the lock
+            if entry.running:
+                # the run's end plans from the state it read under the lock, which may be
+                # older than this: it asks the watch to look again then
+                entry.steered |= was != paused_at or asked != trigger_at
+                continue
+            if entry.removed:
+                continue
             if trigger_at is not None:
                 if not entry.manual:
                     self._serve_trigger(entry, trigger_at)
