@@ -1,0 +1,76 @@
+"""In PostgreSQL mode the pause and a trigger request are checked under the job's lock, in the
+tick's transaction: a replica that has not heard of them yet still obeys."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import eventually, run_log
+from ticklock import JobContext, Outcome, Scheduler, every
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+async def test_a_pause_the_replica_has_not_heard_of_is_obeyed_under_the_lock(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    starts: list[datetime] = []
+
+    @scheduler.job(every(0.1), id="busy")
+    async def busy(ctx: JobContext) -> None:
+        starts.append(datetime.now(timezone.utc))
+
+    with run_log() as log:
+        async with scheduler:
+
+            async def ran() -> bool:
+                return len(starts) >= 3
+
+            await eventually(ran, 10, "runs")
+            # no NOTIFY: the replica hears of it at its next beat, 15 s away
+            paused_at = await pg_conn.fetchval(
+                f"UPDATE {pg_schema}.jobs SET paused_at = now() WHERE job_id = 'busy' "
+                "RETURNING paused_at"
+            )
+            await anyio.sleep(1.5)
+            health = {h.job_id: h for h in scheduler.health()}
+    late = [s for s in starts if s > paused_at]
+    assert len(late) <= 1, late  # at most the run that had the lock when the pause committed
+    # its next tick found the pause under the lock, and it stopped planning the job
+    assert log.outcomes("busy")[-1] == "skipped" and log.outcomes("busy").count("skipped") == 1
+    assert health["busy"].paused  # learnt from the state read under the lock
+
+
+async def test_a_request_served_elsewhere_is_not_served_twice(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+    runs: list[datetime] = []
+
+    @scheduler.job(every(3600, initial_delay=3000), id="rare")
+    async def rare(ctx: JobContext) -> None:
+        runs.append(ctx.slot)
+
+    async with scheduler:
+        at = await scheduler.trigger("rare")
+
+        async def served() -> bool:
+            return len(runs) == 1
+
+        await eventually(served, 10, "the manual run")
+        # a replica that heard of the request late attempts it now: under the lock it finds
+        # the request served (trigger_at cleared by the manual run's commit)
+        runner = scheduler._runner
+        assert runner is not None
+        result, _ = await runner.execute(scheduler.jobs["rare"], at, manual=True)
+    assert result.outcome is Outcome.SKIPPED
+    assert runs == [at]
+    count = await pg_conn.fetchval(
+        f"SELECT count(*) FROM {pg_schema}.runs WHERE job_id = 'rare' AND manual"
+    )
+    assert count == 1
