@@ -762,8 +762,8 @@ async def test_a_real_browser_opens_a_job_pauses_it_and_sees_reports_as_text() -
 
 
 def documented_guard() -> str:
-    """The docs' ASGI guard example (the draft page, or operations.md once it is merged)."""
-    for page in ("dashboard-draft.md", "operations.md"):
+    """The ASGI guard example in docs/operations.md."""
+    for page in ("operations.md",):
         path = Path(__file__).parent.parent / "docs" / page
         blocks: list[str] = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
         found = [block for block in blocks if "def require_operator" in block]
