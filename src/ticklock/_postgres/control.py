@@ -145,8 +145,10 @@ class Watch:
             return False
         try:
             await conn.add_listener(CHANNEL, self._notified)
-        except Exception:
+        except BaseException as exc:  # cancelled (shutdown) too: never leak the connection
             conn.terminate()
+            if not isinstance(exc, Exception):
+                raise
             return False
         conn.add_termination_listener(self._lost)
         self._listener = conn
