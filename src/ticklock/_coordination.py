@@ -7,7 +7,7 @@ process (local mode). ``ticklock._postgres.coordinator.PostgresCoordinator`` kee
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
@@ -134,6 +134,11 @@ class Coordinator(Protocol):
         """Begin a tick: try the job's lock and read its state under it."""
         ...
 
+    async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
+        """The fleet state of the jobs ``job_ids`` (of those the fleet has one), in one read,
+        without their locks: a backup's look at slots its owner should have run."""
+        ...
+
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Record a run that did not commit, in a transaction of its own."""
         ...
@@ -143,9 +148,11 @@ class Coordinator(Protocol):
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
+        members: Callable[[Mapping[str, frozenset[str]]], None],
     ) -> NoReturn:
-        """Until cancelled: report this replica as live, declaring ``declared()``, and call
-        ``apply`` with every paused or triggered job of the namespace when that may change."""
+        """Until cancelled: report this replica as live, declaring ``declared()``; call
+        ``apply`` with every paused or triggered job of the namespace when that may change, and
+        ``members`` with the live replicas and the jobs each runs when they change."""
         ...
 
     def poke(self) -> None:
@@ -204,8 +211,10 @@ class LocalCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
+        members: Callable[[Mapping[str, frozenset[str]]], None],
     ) -> NoReturn:
-        """Call ``apply`` with the paused and triggered jobs at start and at each poke."""
+        """Call ``apply`` with the paused and triggered jobs at start and at each poke (one
+        process: no other members, and so no work to share)."""
         while True:
             self._poked = anyio.Event()
             apply(
@@ -241,6 +250,10 @@ class LocalCoordinator:
         if acquired:
             self.held.add(job_id)
         return _LocalAttempt(self, job_id, acquired)
+
+    async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
+        """Copies of the in-process states."""
+        return {i: self.states[i].copy() for i in job_ids if i in self.states}
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Count the failure in the in-process state."""

@@ -36,6 +36,7 @@ from ._clock import Clock
 from ._coordination import FleetState
 from ._job import Job
 from ._plan import Plan
+from ._sharing import LOOK_GRID
 from ._triggers import Cron
 
 WALL_WATCH = 5.0
@@ -97,7 +98,9 @@ class Entry:
     """The runtime state of one scheduled job."""
 
     __slots__ = (
+        "ahead",
         "attempt",
+        "base",
         "credit",
         "deadline",
         "fire_at",
@@ -106,7 +109,9 @@ class Entry:
         "is_cron",
         "jitter",
         "job",
+        "lag",
         "manual",
+        "passed",
         "queued",
         "removed",
         "running",
@@ -124,6 +129,8 @@ class Entry:
         self.fire_at: datetime | None = None
         self.jitter = 0.0
         self.deadline = math.inf
+        self.base = math.inf  # the slot's latest fire, or the delay's end (may be past)
+        self.lag = 0.0  # > 0: the deadline is a backup's look at the slot, not an attempt
         self.generation = 0
         self.queued = False  # its current deadline is in the heap
         self.running = False
@@ -137,6 +144,8 @@ class Entry:
         self.steered = False  # operators changed its pause or trigger while it ran
         # (last success, seconds paused since): the time a job was paused is not overdue
         self.credit: tuple[datetime | None, float] = (None, 0.0)
+        self.ahead: tuple[str, ...] = ()  # the replicas ranked before this one (see _sharing)
+        self.passed: frozenset[str] = frozenset()  # those of them this replica stands in for
 
     def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
         return id(self) < id(other)
@@ -169,8 +178,10 @@ class Dispatcher:
         self._cron = 0  # cron entries in the heap: the wall clock is watched while any is
         self._blocks = 0  # handler steps reported by blocked()
 
-    def schedule(self, entry: Entry, plan: Plan) -> None:
-        """Wait for what ``plan`` says: its slot (plus fresh jitter), or its delay."""
+    def schedule(self, entry: Entry, plan: Plan, lag: float = 0.0) -> None:
+        """Wait for what ``plan`` says: its slot (plus fresh jitter), or its delay; with a
+        ``lag``, ``lag`` seconds after the slot's latest fire (its jitter's maximum) or after
+        the delay, rounded up to :data:`LOOK_GRID` (a backup's look)."""
         self.forget(entry)
         clock = self._clock
         slot, entry.attempt = plan.slot, plan.attempt
@@ -181,18 +192,31 @@ class Dispatcher:
         if plan.delay is not None:  # a retry of the slot, or a re-alignment (no slot)
             entry.slot = entry.fire_at = slot
             entry.jitter = 0.0
-            entry.deadline = now_m + plan.delay
+            entry.base = now_m + plan.delay
         elif slot is None:  # the schedule is over
             entry.slot = entry.fire_at = None
             return
         else:
             jitter_max = entry.job.trigger.jitter
-            entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
+            if lag:  # the owner's jitter is its own: the slot's latest fire
+                entry.jitter = jitter_max
+            else:
+                entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
             entry.slot = slot
             entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
             assert now is not None
-            wait = (entry.fire_at - now).total_seconds()
-            entry.deadline = now_m + wait if wait > 0 else now_m
+            entry.base = now_m + (entry.fire_at - now).total_seconds()  # past: due now
+        entry.lag = lag
+        entry.deadline = _lagged(entry.base, lag, now_m)
+        self._push(entry)
+        if entry.deadline < self._sleeping_until:
+            self.wake()
+
+    def look_again(self, entry: Entry, lag: float) -> None:
+        """Wait for the same slot again, until ``lag`` seconds after its latest fire."""
+        self.forget(entry)
+        entry.lag = lag
+        entry.deadline = _lagged(entry.base, lag, self._clock.monotonic())
         self._push(entry)
         if entry.deadline < self._sleeping_until:
             self.wake()
@@ -282,7 +306,8 @@ class Dispatcher:
                 fire_at = entry.fire_at
                 if now is not None and fire_at is not None and fire_at > now and entry.is_cron:
                     # never fire a cron job early (the wall clock stepped back)
-                    entry.deadline = now_m + (fire_at - now).total_seconds()
+                    entry.base = now_m + (fire_at - now).total_seconds()
+                    entry.deadline = _lagged(entry.base, entry.lag, now_m)
                     self._push(entry)
                     continue
                 entry.running = True
@@ -327,8 +352,16 @@ class Dispatcher:
                 continue  # superseded: dropped while rebuilding anyway
             if entry.fire_at is not None and entry.is_cron:
                 wait = (entry.fire_at - now).total_seconds()
-                deadline = entry.deadline = now_m + max(wait, 0.0)
+                entry.base = now_m + wait
+                deadline = entry.deadline = _lagged(entry.base, entry.lag, now_m)
             rebuilt.append((deadline, generation, entry))
         heapq.heapify(rebuilt)
         self._heap[:] = rebuilt
         self._stale = 0
+
+
+def _lagged(base: float, lag: float, now: float) -> float:
+    """The deadline ``lag`` seconds after ``base`` (now at the earliest), rounded up to
+    :data:`LOOK_GRID` when there is a lag."""
+    deadline = max(base + lag, now)
+    return math.ceil(deadline / LOOK_GRID) * LOOK_GRID if lag else deadline

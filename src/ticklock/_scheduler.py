@@ -29,9 +29,10 @@ from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._fleet import Fleet
 from ._job import Handler, Job, JobHealth, Outcome, RunResult
 from ._operations import SchedulerFleet
-from ._plan import Plan, overdue_at, plan
+from ._plan import Plan, overdue_at, plan, stale
 from ._runner import Runner
 from ._runs import Runs
+from ._sharing import GRACE, Share
 from ._telemetry import Telemetry, logger
 from ._triggers import Trigger
 from ._validate import Duration, identifier, name, seconds
@@ -108,6 +109,8 @@ class Scheduler:
             self._add_retention()
         self._runner: Runner | None = None
         self._started_at: datetime | None = None
+        self._share = Share(self.owner)  # who attempts each job first (PostgreSQL mode)
+        self._looks: list[Entry] = []  # backups' looks due, read together
         self._fleet = SchedulerFleet(
             self.namespace,
             self.owner,
@@ -333,7 +336,12 @@ class Scheduler:
         if states is None:  # the database did not answer: its ticks end as error meanwhile
             tg.start_soon(self._connect, name="ticklock.connect")
         tg.start_soon(
-            self._coordinator.watch, self.owner, self._declared, self._apply, name="ticklock.watch"
+            self._coordinator.watch,
+            self.owner,
+            self._declared,
+            self._apply,
+            self._members,
+            name="ticklock.watch",
         )
         self._status = "running"
         self._started_at = now
@@ -373,7 +381,7 @@ class Scheduler:
         for entry in self._entries.values():
             entry.state = states.get(entry.job.id)
             if entry.job.enabled and not entry.running:
-                self._dispatcher.schedule(entry, plan(entry.job, entry.state or _NO_STATE, now))
+                self._schedule(entry, plan(entry.job, entry.state or _NO_STATE, now))
 
     async def _drain(self) -> None:
         self._status = "stopping"
@@ -401,11 +409,78 @@ class Scheduler:
         job = entry.job
         if not job.enabled:
             return
-        self._dispatcher.schedule(entry, plan(job, entry.state or _NO_STATE, now))
+        self._schedule(entry, plan(job, entry.state or _NO_STATE, now))
+
+    def _schedule(self, entry: Entry, plan: Plan) -> None:
+        """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
+        backup, to look at it a grace after its slot (see :mod:`._sharing`)."""
+        entry.ahead = () if entry.manual else self._share.ahead(entry.job.id, entry.passed)
+        lag = GRACE if entry.ahead and plan.slot is not None else 0.0
+        self._dispatcher.schedule(entry, plan, lag)
 
     def _spawn(self, entry: Entry) -> None:
         assert self._runs is not None
+        if entry.ahead:  # a backup's look: read with the others due now, in one statement
+            self._looks.append(entry)
+            if len(self._looks) == 1:
+                self._runs.start(self._look, None, "ticklock.look")
+            return
         self._runs.start(self._tick, entry, f"ticklock.run {entry.job.id}")
+
+    async def _look(self, _: None) -> None:
+        looks, self._looks = self._looks, []
+        try:
+            states: dict[str, FleetState] | None = await self._coordinator.read(
+                [entry.job.id for entry in looks]
+            )
+        except Exception as exc:  # the attempts meet the same error, and report it
+            logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)
+            states = None
+        for entry in looks:
+            entry.running = False
+            if entry.steered:
+                entry.steered = False
+                self._coordinator.poke()
+            if entry.removed or self._status != "running":
+                continue
+            if states is None:
+                self._attempt(entry)
+            else:
+                self._looked(entry, states.get(entry.job.id) or FleetState())
+
+    def _looked(self, entry: Entry, state: FleetState) -> None:
+        """A backup read the job's ``state``: plan from it if the fleet moved past the slot,
+        else attempt the slot once it is this replica's turn."""
+        job = entry.job
+        entry.state, entry.held_at = state, None
+        now_m = self._clock.monotonic()
+        if entry.slot is None or stale(job, state, entry.slot, entry.attempt):
+            self._plan(entry, None)
+            if entry.slot is None or entry.base + GRACE > now_m:
+                return  # its next look is due later (or nothing is)
+        # the slot is open a grace after its latest fire: the owner missed it, or runs late
+        entry.ahead = self._share.ahead(job.id, entry.passed)
+        turn = len(entry.ahead) * GRACE
+        if not entry.ahead or entry.base + turn <= now_m:
+            self._dispatcher.forget(entry)
+            self._attempt(entry)
+        else:
+            self._dispatcher.look_again(entry, turn)
+
+    def _attempt(self, entry: Entry) -> None:
+        assert self._runs is not None
+        entry.running = True
+        self._runs.start(self._tick, entry, f"ticklock.run {entry.job.id}")
+
+    def _members(self, members: Mapping[str, frozenset[str]]) -> None:
+        """A new view of the live replicas: plan again the jobs whose turn it changes."""
+        if not self._share.update(members) or self._status != "running":
+            return
+        for entry in self._entries.values():
+            if entry.running or entry.removed or entry.manual or not entry.job.enabled:
+                continue
+            if self._share.ahead(entry.job.id, entry.passed) != entry.ahead:
+                self._plan(entry, None)
 
     async def _tick(self, entry: Entry) -> None:
         job = entry.job
@@ -422,7 +497,7 @@ class Scheduler:
         except Exception:  # a bug in ticklock itself must not stop the job
             logger.exception("internal error in a tick of %s", job.id)
             if not entry.removed and self._status == "running":
-                self._dispatcher.schedule(entry, Plan(None, job.trigger.period))
+                self._schedule(entry, Plan(None, job.trigger.period))
             return
         finally:
             entry.running = False
@@ -438,6 +513,8 @@ class Scheduler:
 
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
         self._observe(entry, result, state)
+        if not result.manual:
+            self._took_over(entry, result)
         entry.manual = False
         if entry.steered:  # paused, resumed or triggered while it ran
             entry.steered = False
@@ -457,13 +534,31 @@ class Scheduler:
         else:
             self._plan(entry, result)
 
+    @staticmethod
+    def _took_over(entry: Entry, result: RunResult) -> None:
+        """A run elsewhere (locked, or the slot committed) shows the replicas ahead are back;
+        a slot this backup ran shows they missed it: it stands in for them from now on."""
+        if result.outcome in (Outcome.LOCKED, Outcome.SKIPPED):
+            entry.passed = frozenset()
+        elif entry.ahead and result.outcome in _RAN:
+            logger.info(
+                "%s: slot %s was still open %.1f s after it, so this replica ran it; it "
+                "runs the job for %s until they run it again",
+                entry.job.id,
+                result.slot,
+                len(entry.ahead) * GRACE,
+                ", ".join(entry.ahead),
+                extra={"job_id": entry.job.id},
+            )
+            entry.passed |= frozenset(entry.ahead)
+
     def _plan(self, entry: Entry, result: RunResult | None) -> None:
         state = entry.state or _NO_STATE
-        self._dispatcher.schedule(entry, plan(entry.job, state, self._clock.now(), result))
+        self._schedule(entry, plan(entry.job, state, self._clock.now(), result))
 
     def _serve_trigger(self, entry: Entry, at: datetime) -> None:
         entry.manual = True
-        self._dispatcher.schedule(entry, Plan(at, 0.0))
+        self._schedule(entry, Plan(at, 0.0))
 
     def _declared(self) -> Declared:
         jobs = self._entries.values()
@@ -528,7 +623,7 @@ class Scheduler:
         result, state = await self._runner.execute(job, None, manual=True)
         self._observe(entry, result, state)
         if state is not None and job.enabled and not entry.running and not entry.removed:
-            self._dispatcher.schedule(entry, plan(job, state, self._clock.now()))
+            self._schedule(entry, plan(job, state, self._clock.now()))
         return result
 
     @property
@@ -632,6 +727,7 @@ _RETENTION = "ticklock.retention"
 _LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an error
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
 _NO_CONTROL = Control(None, None)
+_RAN = (Outcome.SUCCESS, Outcome.FAILURE, Outcome.TIMEOUT)  # the handler ran: the slot was open
 
 
 def _future(state: FleetState, now: datetime) -> bool:

@@ -11,6 +11,11 @@ so that a request is seen within that.
 
 A paused job is also refused in the tick itself, under its lock: no scheduled run of a paused
 job starts once the pause has committed, whenever the replica hears of it.
+
+Each beat also returns the other live replicas and when their job lists last changed; a list
+is read again only when it changed, and the view goes to the scheduler, which shares the jobs
+over it (see :mod:`ticklock._sharing`). A replica that joins, changes its jobs or leaves sends
+a NOTIFY, so that the replicas listening update their view at once.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
@@ -60,6 +66,7 @@ class Watch:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
+        members: Callable[[Mapping[str, frozenset[str]]], None],
     ) -> None:
         self._coordinator = coordinator
         self._dsn = dsn  # None: a pool the application passed, no LISTEN
@@ -67,6 +74,9 @@ class Watch:
         self._owner = owner
         self._declared = declared
         self._apply = apply
+        self._members = members
+        # the other live replicas: when their job lists last changed, and those lists
+        self._others: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._payload = payload(coordinator.schema, coordinator.namespace)
         self._sent: Declared | None = None  # what the replicas row says this replica declares
         self._listener: asyncpg.Connection[Any] | None = None
@@ -107,28 +117,53 @@ class Watch:
         send = declared if declared != self._sent else None
         try:
             async with c.connection() as conn:
-                rows = await conn.fetch(
+                row = await conn.fetchrow(
                     c.sql.beat,
                     c.namespace,
                     self._owner,
                     None if send is None else send.enabled,
                     None if send is None else send.disabled,
+                    LIVE,
                 )
+                assert row is not None  # the statement returns one row
+                if send is not None:  # joined, or changed its jobs: the others look now
+                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+                others = await self._view(conn, row["owners"] or [], row["declared"] or [])
         except Exception as exc:
             if not c.classify(exc):
                 logger.warning("the replica's heartbeat failed", exc_info=True)
             return
         if send is not None:
             self._sent = declared
-        elif rows[0]["inserted"]:  # our row was gone: beat again now, with the job list
+        elif row["inserted"]:  # our row was gone: beat again now, with the job list
             self._sent, self._woken = None, True
+        self._members({self._owner: frozenset(declared.enabled), **others})
         self._apply(
             {
-                row["job_id"]: Control(row["paused_at"], row["trigger_at"])
-                for row in rows
-                if row["job_id"] is not None
+                job_id: Control(paused_at, trigger_at)
+                for job_id, paused_at, trigger_at in zip(
+                    row["ids"] or [], row["paused"] or [], row["triggered"] or [], strict=True
+                )
             }
         )
+
+    async def _view(
+        self, conn: asyncpg.Connection[Any], owners: list[str], declared: list[datetime]
+    ) -> dict[str, frozenset[str]]:
+        """The other live replicas' job lists: read again only those that changed."""
+        known = self._others
+        changed = [
+            owner
+            for owner, at in zip(owners, declared, strict=True)
+            if known.get(owner, (None,))[0] != at
+        ]
+        if changed:
+            c = self._coordinator
+            for row in await conn.fetch(c.sql.declared, c.namespace, changed):
+                known[row["owner"]] = (row["declared_at"], frozenset(row["jobs"]))
+        live = set(owners)
+        self._others = {owner: seen for owner, seen in known.items() if owner in live}
+        return {owner: jobs for owner, (_, jobs) in self._others.items()}
 
     async def _listen(self) -> bool:
         """Whether a LISTEN connection is up (opened here if it can be)."""
@@ -171,4 +206,6 @@ class Watch:
         if c.ready and c.pool is not None:
             with contextlib.suppress(Exception):  # not there: it drops out when not seen
                 async with c.connection() as conn:
-                    await conn.execute(c.sql.leave, c.namespace, self._owner)
+                    await conn.execute(
+                        c.sql.leave, c.namespace, self._owner, CHANNEL, self._payload
+                    )

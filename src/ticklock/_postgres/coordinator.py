@@ -31,7 +31,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from random import Random
@@ -257,9 +257,11 @@ class PostgresCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
+        members: Callable[[Mapping[str, frozenset[str]]], None],
     ) -> NoReturn:
-        """Beat for this replica and obey pauses and triggers (see :mod:`.control`)."""
-        self._watch = Watch(self, self._dsn, self._clock, owner, declared, apply)
+        """Beat for this replica, obey pauses and triggers, and report the live replicas
+        (see :mod:`.control`)."""
+        self._watch = Watch(self, self._dsn, self._clock, owner, declared, apply, members)
         try:
             await self._watch.run()
         finally:
@@ -490,6 +492,20 @@ class PostgresCoordinator:
                 self.lost(exc)
             await attempt.close()
             raise
+
+    async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
+        """The fleet state of ``job_ids`` in one statement, without their locks."""
+        if not self.ready:
+            await self._reconnect()
+        try:
+            async with self.connection() as conn:
+                rows = await conn.fetch(self.sql.read, self.namespace, list(job_ids))
+        except Exception as exc:
+            if self.classify(exc):
+                self._down(exc)
+            self.lost(exc)
+            raise
+        return {row["job_id"]: FleetState(*tuple(row)[1:]) for row in rows}
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Record a run that did not commit, in its own short transaction."""

@@ -15,7 +15,7 @@ from .._lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 3
+VERSION = 4
 _TABLES = ("schema_version", "jobs", "runs", "replicas")
 _MIGRATION_LOCK = "ticklock.migrate"
 
@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS {s}.replicas (
     disabled text[] NOT NULL DEFAULT '{{}}',
     started_at timestamptz NOT NULL DEFAULT now(),
     seen_at timestamptz NOT NULL DEFAULT now(),
+    declared_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (namespace, owner)
 );
 CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
@@ -90,6 +91,8 @@ def upgrades(schema: str) -> dict[int, str]:
         # the replicas table and the new columns of jobs come with migration(): a schema
         # of version 2 lacks the table, so migrate() runs it first
         2: f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false",
+        3: f"ALTER TABLE {s}.replicas "
+        "ADD COLUMN IF NOT EXISTS declared_at timestamptz NOT NULL DEFAULT now()",
     }
 
 
@@ -152,10 +155,14 @@ class Statements:
             "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_success_at = v.success "
             "AND j.overdue_at IS DISTINCT FROM v.due"
         )
-        self.load = (
-            "SELECT job_id, overdue_at, last_slot, last_end, last_success_at, "
-            "consecutive_failures, failed_slot, failed_attempts, paused_at, trigger_at "
-            f"FROM {s}.jobs WHERE namespace = $1"
+        columns = (
+            "last_slot, last_end, last_success_at, consecutive_failures, failed_slot, "
+            "failed_attempts, paused_at, trigger_at"
+        )
+        self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
+        self.read = (
+            f"SELECT job_id, {columns} FROM {s}.jobs "
+            "WHERE namespace = $1 AND job_id = ANY($2::text[])"
         )
         # a manual run serves the trigger requests made up to its slot
         served = "CASE WHEN {m} AND j.trigger_at <= $3 THEN NULL ELSE j.trigger_at END"
@@ -192,18 +199,38 @@ WITH guard AS (
 )
 SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
         # One statement per heartbeat: the replica's row (its job lists only when they
-        # changed: NULL keeps them), and the namespace's paused and triggered jobs.
+        # changed: NULL keeps them), the namespace's paused and triggered jobs, and the other
+        # live replicas with when their job lists last changed.
         self.beat = f"""
 WITH beat AS (
     INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled)
     VALUES ($1, $2, coalesce($3::text[], '{{}}'), coalesce($4::text[], '{{}}'))
     ON CONFLICT (namespace, owner) DO UPDATE SET seen_at = now(),
-        jobs = coalesce($3::text[], r.jobs), disabled = coalesce($4::text[], r.disabled)
+        jobs = coalesce($3::text[], r.jobs), disabled = coalesce($4::text[], r.disabled),
+        declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END
     RETURNING xmax = 0 AS inserted
+), steered AS (
+    SELECT job_id, paused_at, trigger_at FROM {s}.jobs
+    WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_at IS NOT NULL)
+), live AS (
+    SELECT owner, declared_at FROM {s}.replicas
+    WHERE namespace = $1 AND owner <> $2 AND seen_at > now() - $5::float8 * interval '1 s'
 )
-SELECT beat.inserted, j.job_id, j.paused_at, j.trigger_at FROM beat LEFT JOIN {s}.jobs AS j
-    ON j.namespace = $1 AND (j.paused_at IS NOT NULL OR j.trigger_at IS NOT NULL)"""
-        self.leave = f"DELETE FROM {s}.replicas WHERE namespace = $1 AND owner = $2"
+SELECT beat.inserted, s.ids, s.paused, s.triggered, l.owners, l.declared FROM beat,
+    (SELECT array_agg(job_id ORDER BY job_id) AS ids,
+        array_agg(paused_at ORDER BY job_id) AS paused,
+        array_agg(trigger_at ORDER BY job_id) AS triggered FROM steered) AS s,
+    (SELECT array_agg(owner ORDER BY owner) AS owners,
+        array_agg(declared_at ORDER BY owner) AS declared FROM live) AS l"""
+        self.declared = (
+            f"SELECT owner, jobs, declared_at FROM {s}.replicas "
+            "WHERE namespace = $1 AND owner = ANY($2::text[])"
+        )
+        # a replica that leaves tells the others at once: they take over its jobs
+        self.leave = (
+            f"WITH gone AS (DELETE FROM {s}.replicas WHERE namespace = $1 AND owner = $2 "
+            "RETURNING 1) SELECT pg_notify($3, $4) FROM gone"
+        )
         # A failure from a replica whose clock runs ahead is recorded, but it moves neither
         # the fixed delay nor the slot to retry: the healthy replicas go on running the job.
         sane = f"$4::timestamptz <= clock_timestamp() + interval '{FUTURE_LIMIT:g} s'"
