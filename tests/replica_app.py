@@ -94,3 +94,14 @@ elif SCENARIO == "crash":
             await anyio.Path(MARKER).touch()
             await anyio.sleep(0.8)  # the test SIGKILLs this process here
         await log(ctx, started, note=OWNER)
+
+elif SCENARIO == "share":
+    # a fleet that shares 12 jobs; each run is in its handler 0.4 s (the marker says when)
+    async def shared(ctx: JobContext) -> None:
+        started = await begin(ctx)
+        await anyio.Path(MARKER).touch()
+        await anyio.sleep(0.4)  # the test SIGSTOPs or SIGKILLs a replica in here
+        await log(ctx, started, note=OWNER)
+
+    for i in range(12):
+        scheduler.add(shared, every(1), id=f"job-{i}", timeout=0.9)

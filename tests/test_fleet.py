@@ -183,3 +183,122 @@ async def test_a_replica_killed_mid_run_leaves_no_partial_write(fleet: Fleet, pg
     rows = await pg_conn.fetch(f"SELECT slot, previous, note FROM {s}.log ORDER BY slot")
     assert "partial" not in [r["note"] for r in rows]
     assert rows[1]["note"] == "R" and rows[1]["previous"] == rows[0]["slot"]
+
+
+# -- failover: the replicas share the jobs, and the others take over a dead owner's ----------
+
+SHARED = [f"job-{i}" for i in range(12)]
+INTERVAL = 1.0
+MISSED = INTERVAL + 4.0
+"""A wait between two runs of a job longer than this counts as a missed slot: failover is
+within the interval plus about 2.5 s (a grace and a look; benchmarks/fleet_scale.py measures
+it); the rest is slack for a loaded machine."""
+
+
+async def _top_owner(pg_conn: Any, schema: str, owners: list[str]) -> str:
+    """The replica that ran the most jobs over the last 3 s (the owner of the most jobs)."""
+    rows = await pg_conn.fetch(
+        f"SELECT note, count(DISTINCT job) AS jobs FROM {schema}.log "
+        "WHERE finished > clock_timestamp() - interval '3 s' GROUP BY note ORDER BY jobs DESC"
+    )
+    assert {r["note"] for r in rows} == set(owners), rows  # every replica owns some jobs
+    return str(rows[0]["note"])
+
+
+async def _shared_fleet(fleet: Fleet, pg_conn: Any) -> list[str]:
+    owners = ["s1", "s2", "s3"]
+    for owner in owners:
+        fleet.spawn(owner, "share")
+    s = fleet.schema
+
+    async def sharing() -> bool:  # every replica runs some jobs, and their views agree
+        rows = await pg_conn.fetch(
+            f"SELECT note, count(*) FROM {s}.log WHERE finished > clock_timestamp() - "
+            "interval '2 s' GROUP BY note"
+        )
+        return len(rows) == 3
+
+    await eventually(sharing, 30, "the three replicas to share the jobs")
+    await anyio.sleep(2)
+    return owners
+
+
+async def _check_fleet(pg_conn: Any, schema: str, since: datetime) -> dict[str, list[Any]]:
+    """No slot committed twice, no overlap, no missed slot; the log by job."""
+    rows = await pg_conn.fetch(f"SELECT * FROM {schema}.log ORDER BY job, started")
+    by_job: dict[str, list[Any]] = {}
+    for row in rows:
+        by_job.setdefault(row["job"], []).append(row)
+    assert sorted(by_job) == sorted(SHARED)
+    missed = []
+    for job, runs in by_job.items():
+        slots = [r["slot"] for r in runs]
+        assert len(slots) == len(set(slots)), f"{job}: a slot committed twice"
+        for prev, cur in zip(runs, runs[1:], strict=False):
+            assert cur["started"] >= prev["finished"], f"{job}: runs overlap"
+            assert cur["previous"] == prev["slot"]  # the watermark is the fleet's
+            if (cur["started"] - prev["finished"]).total_seconds() > MISSED:
+                missed.append((job, prev["finished"], cur["started"]))
+        assert runs[-1]["started"] > since, f"{job}: no run after the failure"
+    assert missed == [], missed
+    committed = await pg_conn.fetch(
+        f"SELECT job_id, slot, owner FROM {schema}.runs WHERE outcome = 'success' "
+        "AND job_id <> 'ticklock.retention'"
+    )
+    assert sorted((r["job_id"], r["slot"], r["owner"]) for r in committed) == sorted(
+        (r["job"], r["slot"], r["note"]) for r in rows
+    ), "every write has its run, and every run its write (G4)"
+    return by_job
+
+
+async def test_a_killed_owner_s_jobs_run_again_on_the_others(fleet: Fleet, pg_conn: Any) -> None:
+    owners = await _shared_fleet(fleet, pg_conn)
+    s = fleet.schema
+    victim = await _top_owner(pg_conn, s, owners)
+    fleet.procs[victim].send_signal(signal.SIGKILL)
+    fleet.procs[victim].wait()
+    killed_at = datetime.now(timezone.utc)
+    await anyio.sleep(8)
+    for owner in owners:
+        if owner != victim:
+            assert fleet.stop(owner) == 0, fleet.output(owner)
+    by_job = await _check_fleet(pg_conn, s, killed_at)
+    # the victim's jobs moved to the others: the backups ran the slots it missed
+    taken = [job for job, runs in by_job.items() if runs[-1]["note"] != victim]
+    assert len(taken) == len(SHARED)
+    stand_ins = [
+        o for o in owners if o != victim and f"runs the job for {victim}" in fleet.output(o)
+    ]
+    assert stand_ins, "a backup should have stood in for the killed owner"
+
+
+async def test_a_paused_owner_s_jobs_run_on_the_others_and_its_late_writes_vanish(
+    fleet: Fleet, pg_conn: Any
+) -> None:
+    owners = await _shared_fleet(fleet, pg_conn)
+    s = fleet.schema
+    victim = await _top_owner(pg_conn, s, owners)
+    marker = fleet.marker(victim)
+    before = marker.stat().st_mtime_ns
+
+    async def in_handler() -> bool:
+        return marker.stat().st_mtime_ns != before
+
+    await eventually(in_handler, 10, f"{victim} to start a run")  # polled every 50 ms
+    fleet.procs[victim].send_signal(signal.SIGSTOP)  # inside the handler's 0.4 s
+    paused_at = datetime.now(timezone.utc)
+    await anyio.sleep(10)
+    fleet.procs[victim].send_signal(signal.SIGCONT)
+    await anyio.sleep(4)
+    for owner in owners:
+        assert fleet.stop(owner) == 0, fleet.output(owner)
+    await _check_fleet(pg_conn, s, paused_at)
+    # the run it was in when paused lost its session: it ended as a failure, and its write
+    # is not in the log (checked above: every write has a committed run of the same owner)
+    failed = await pg_conn.fetchval(
+        f"SELECT count(*) FROM {s}.runs WHERE owner = $1 AND outcome <> 'success' "
+        "AND started_at < $2",
+        victim,
+        paused_at,
+    )
+    assert failed >= 1, "the paused run should have failed when the replica woke"

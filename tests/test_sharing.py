@@ -1,0 +1,223 @@
+"""The replicas share the jobs: rendezvous hashing (pure), and replicas that attempt only the
+slots of the jobs they own, hand them over when they leave, and stand in for a silent owner."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from contextlib import AsyncExitStack
+from datetime import datetime, timezone
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import eventually, run_log
+from ticklock import JobContext, Scheduler, every
+from ticklock._sharing import Share, weight
+from ticklock.testing import ManualClock
+
+JOBS = [f"job-{i}" for i in range(1000)]
+WEB1_PURGE = 0xB1E13F9E4719F652  # blake2b("web-1\\x00purge"), first 8 bytes, big-endian
+
+
+def view(*owners: str, jobs: list[str] = JOBS) -> dict[str, frozenset[str]]:
+    return {owner: frozenset(jobs) for owner in owners}
+
+
+def owners_of(share: Share) -> dict[str, str]:
+    return {job: share.ranking(job)[0] for job in JOBS}
+
+
+def test_every_replica_ranks_the_same_and_the_jobs_spread_evenly() -> None:
+    shares = [Share(me) for me in ("a", "b", "c", "d")]
+    for share in shares:
+        share.update(view("a", "b", "c", "d"))
+    assert len({tuple(share.ranking(job) for job in JOBS) for share in shares}) == 1
+    counts = Counter(owners_of(shares[0]).values())
+    assert set(counts) == {"a", "b", "c", "d"}
+    assert all(200 <= n <= 300 for n in counts.values()), counts
+    # each replica is ahead of no one for exactly the jobs it owns
+    for share in shares:
+        mine = [job for job in JOBS if share.ahead(job) == ()]
+        assert len(mine) == counts[share.me]
+
+
+def test_a_replica_leaving_moves_only_its_own_jobs() -> None:
+    share = Share("a")
+    share.update(view("a", "b", "c", "d"))
+    before = owners_of(share)
+    assert share.update(view("a", "b", "c"))
+    after = owners_of(share)
+    moved = {job for job in JOBS if before[job] != after[job]}
+    assert moved == {job for job in JOBS if before[job] == "d"}
+    # and they go to whoever ranked second for them: spread over all the others
+    assert {after[job] for job in moved} == {"a", "b", "c"}
+    assert not share.update(view("a", "b", "c"))  # the same view is no change
+
+
+def test_only_the_replicas_that_declare_a_job_rank_for_it() -> None:
+    share = Share("a")
+    share.update({"a": frozenset(JOBS), "old": frozenset(JOBS[:10])})
+    assert all(share.ranking(job) == ("a",) for job in JOBS[10:])
+    assert all(set(share.ranking(job)) == {"a", "old"} for job in JOBS[:10])
+
+
+def test_a_replica_outside_the_view_attempts_everything_and_passed_owners_are_skipped() -> None:
+    share = Share("me")
+    assert share.ahead("job-1") == ()  # no view yet: attempt (a transaction, never a run)
+    share.update(view("x", "y"))
+    assert share.ahead("job-1") == ()  # not in the view (has not beaten yet)
+    share.update(view("me", "x", "y"))
+    job = next(j for j in JOBS if share.ranking(j)[-1] == "me")  # this replica ranks last
+    ahead = share.ahead(job)
+    assert ahead == share.ranking(job)[:2]
+    assert share.ahead(job, frozenset(ahead[:1])) == ahead[1:]
+    assert share.ahead(job, frozenset(ahead)) == ()
+
+
+def test_the_weight_is_stable() -> None:
+    # replicas of different releases must agree on who owns what
+    assert weight("web-1", "purge") == WEB1_PURGE
+    assert weight("web-1", "purge") != weight("web-2", "purge")
+
+
+# -- a backup in local mode: its owner is given, and never runs (deterministic) --------------
+
+
+def ahead_of(me: str, job_id: str) -> str:
+    """A replica name that ranks before ``me`` for ``job_id``."""
+    return next(o for o in (f"o{i}" for i in range(100)) if weight(o, job_id) > weight(me, job_id))
+
+
+@pytest.mark.anyio
+async def test_a_backup_runs_a_slot_its_owner_left_open_a_grace_late_then_stands_in() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, owner="backup")
+    t0 = clock.now()
+    starts: list[float] = []
+
+    @scheduler.job(every(10, initial_delay=5), id="job")
+    async def job(ctx: JobContext) -> None:
+        starts.append((ctx.started_at - t0).total_seconds())
+
+    # the job's owner is another replica, which never runs it (killed)
+    owner = ahead_of("backup", "job")
+    with run_log() as log:
+        async with scheduler:
+            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})})
+            await clock.advance(5.9)  # the slot at 5 s is the owner's
+            assert starts == []  # and a backup waits a grace (1 s) after it
+            await clock.advance(0.6)
+            assert starts == [6.0]  # the slot is still open: the backup runs it
+            # from now on it stands in for the owner: on time, without a look
+            await clock.advance(10)
+            assert starts == [6.0, 16.0]
+            await clock.advance(10)
+            assert starts == [6.0, 16.0, 26.0]
+    assert log.outcomes("job") == ["success"] * 3
+
+
+@pytest.mark.anyio
+async def test_a_backup_does_not_attempt_a_slot_it_finds_committed() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, owner="backup")
+    t0 = clock.now()
+    starts: list[float] = []
+
+    @scheduler.job(every(10, initial_delay=5), id="job")
+    async def job(ctx: JobContext) -> None:
+        starts.append((ctx.started_at - t0).total_seconds())
+
+    owner = ahead_of("backup", "job")
+    with run_log() as log:
+        async with scheduler:
+            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})})
+            await clock.advance(5.5)
+            # the owner's run, committed where the backup reads the state (here: in-process)
+            await scheduler.run_now("job")
+            await clock.advance(3)  # past the slot's grace: the look finds the fleet moved on
+            assert starts == [5.5]
+            await clock.advance(7.5)  # and the next slot (15.5) is the owner's again
+            assert starts == [5.5]
+    assert log.outcomes("job") == ["success"]  # no attempt found it locked or done
+
+
+# -- replicas in one process, on PostgreSQL -------------------------------------------------
+
+
+def _replica(pg_dsn: str, schema: str, owner: str, jobs: int) -> Scheduler:
+    scheduler = Scheduler(pg_dsn, schema=schema, owner=owner, shutdown_grace=1)
+
+    async def run(ctx: JobContext) -> None:
+        pass
+
+    for i in range(jobs):
+        scheduler.add(run, every(0.5), id=f"job-{i}", timeout=0.4)
+    return scheduler
+
+
+async def _agreed(schedulers: list[Scheduler]) -> None:
+    async def agreed() -> bool:
+        return all(len(s._share.members) == len(schedulers) for s in schedulers)
+
+    await eventually(agreed, 10, "every replica to see the others")
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_each_slot_is_attempted_by_its_owner_alone(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    owners = ["a", "b", "c"]
+    schedulers = [_replica(pg_dsn, pg_schema, owner, 24) for owner in owners]
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await _agreed(schedulers)
+        await anyio.sleep(1.5)  # the slots planned before the views agreed
+        with run_log() as log:
+            since = await pg_conn.fetchval("SELECT clock_timestamp()")
+            await anyio.sleep(3)
+    outcomes = Counter(run.outcome for run in log.runs if run.job_id != "ticklock.retention")
+    # every replica tried only its own jobs: no transaction found the lock held or the slot done
+    assert outcomes["locked"] == outcomes["skipped"] == 0, outcomes
+    assert outcomes["success"] >= 24 * 4, outcomes
+    rows = await pg_conn.fetch(
+        f"SELECT job_id, owner FROM {pg_schema}.runs WHERE started_at > $1 "
+        "AND job_id <> 'ticklock.retention'",
+        since,
+    )
+    share = schedulers[0]._share
+    assert {(r["job_id"], r["owner"]) for r in rows} == {
+        (f"job-{i}", share.ranking(f"job-{i}")[0]) for i in range(24)
+    }
+    assert {r["owner"] for r in rows} == set(owners)
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_replica_that_leaves_hands_its_jobs_over_at_once(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    leaving, *staying = [_replica(pg_dsn, pg_schema, owner, 24) for owner in ("a", "b", "c")]
+    async with AsyncExitStack() as stack:
+        for scheduler in staying:
+            await stack.enter_async_context(scheduler)
+        async with leaving:  # left as a graceful shutdown leaves
+            await _agreed([leaving, *staying])
+            theirs = [f"job-{i}" for i in range(24) if leaving._share.ahead(f"job-{i}") == ()]
+            assert theirs
+            await anyio.sleep(1)
+        left = await pg_conn.fetchval("SELECT clock_timestamp()")
+        with caplog.at_level(logging.INFO, logger="ticklock"):
+            await anyio.sleep(3)
+    assert "runs the job for" not in caplog.text  # no look found a slot left open
+    rows = await pg_conn.fetch(
+        f"SELECT job_id, owner, count(*) FROM {pg_schema}.runs WHERE started_at > $1 "
+        "AND outcome = 'success' GROUP BY 1, 2",
+        left,
+    )
+    taken = {r["job_id"]: (r["owner"], r["count"]) for r in rows if r["job_id"] in theirs}
+    assert sorted(taken) == sorted(theirs)
+    assert all(owner in ("b", "c") and count >= 5 for owner, count in taken.values()), taken
