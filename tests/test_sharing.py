@@ -179,6 +179,8 @@ async def test_each_slot_is_attempted_by_its_owner_alone(
         with run_log() as log:
             since = await pg_conn.fetchval("SELECT clock_timestamp()")
             await anyio.sleep(3)
+        share = schedulers[0]._share  # before they leave
+        expected = {(f"job-{i}", share.ranking(f"job-{i}")[0]) for i in range(24)}
     outcomes = Counter(run.outcome for run in log.runs if run.job_id != "ticklock.retention")
     # every replica tried only its own jobs: no transaction found the lock held or the slot done
     assert outcomes["locked"] == outcomes["skipped"] == 0, outcomes
@@ -188,10 +190,7 @@ async def test_each_slot_is_attempted_by_its_owner_alone(
         "AND job_id <> 'ticklock.retention'",
         since,
     )
-    share = schedulers[0]._share
-    assert {(r["job_id"], r["owner"]) for r in rows} == {
-        (f"job-{i}", share.ranking(f"job-{i}")[0]) for i in range(24)
-    }
+    assert {(r["job_id"], r["owner"]) for r in rows} == expected
     assert {r["owner"] for r in rows} == set(owners)
 
 
@@ -221,3 +220,35 @@ async def test_a_replica_that_leaves_hands_its_jobs_over_at_once(
     taken = {r["job_id"]: (r["owner"], r["count"]) for r in rows if r["job_id"] in theirs}
     assert sorted(taken) == sorted(theirs)
     assert all(owner in ("b", "c") and count >= 5 for owner, count in taken.values()), taken
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_run_longer_than_the_grace_costs_one_backup_attempt_not_one_per_replica(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    def replica(owner: str) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, owner=owner, shutdown_grace=1)
+
+        async def slow(ctx: JobContext) -> None:
+            await anyio.sleep(2.5)  # the first backup looks 1 s after the slot: still running
+
+        for i in range(4):
+            scheduler.add(slow, every(4), id=f"slow-{i}", timeout=3)
+        return scheduler
+
+    schedulers = [replica(owner) for owner in ("a", "b", "c", "d")]
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await _agreed(schedulers)
+        await anyio.sleep(4)  # the first slots, attempted before the views agreed
+        with run_log() as log:
+            await anyio.sleep(8)
+    outcomes = Counter(run.outcome for run in log.runs if run.job_id != "ticklock.retention")
+    assert outcomes["success"] >= 4, outcomes
+    # the first backup finds the lock held; the others wait for the run's timeout, and by
+    # then it has committed (with every backup attempting, three attempts a slot)
+    locked = Counter((run.job_id, run.slot) for run in log.runs if run.outcome == "locked")
+    assert locked and max(locked.values()) == 1, locked
+    assert outcomes["skipped"] <= 4, outcomes

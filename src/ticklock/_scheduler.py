@@ -32,7 +32,7 @@ from ._operations import SchedulerFleet
 from ._plan import Plan, overdue_at, plan, stale
 from ._runner import Runner
 from ._runs import Runs
-from ._sharing import GRACE, Share
+from ._sharing import GRACE, Share, turn
 from ._telemetry import Telemetry, logger
 from ._triggers import Trigger
 from ._validate import Duration, identifier, name, seconds
@@ -218,6 +218,7 @@ class Scheduler:
         entry = self._entries[job.id] = Entry(job)
         if self._status == "running":
             self._start_job(entry, self._clock.now())
+            self._coordinator.poke()  # the other replicas learn of it at once
         return job
 
     def remove(self, id: str) -> Job:
@@ -228,6 +229,7 @@ class Scheduler:
             raise KeyError(f"no job with id {id!r}") from None
         entry.removed = True
         self._dispatcher.forget(entry)
+        self._coordinator.poke()
         return entry.job
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -460,12 +462,12 @@ class Scheduler:
                 return  # its next look is due later (or nothing is)
         # the slot is open a grace after its latest fire: the owner missed it, or runs late
         entry.ahead = self._share.ahead(job.id, entry.passed)
-        turn = len(entry.ahead) * GRACE
-        if not entry.ahead or entry.base + turn <= now_m:
+        wait = turn(len(entry.ahead), job.timeout)
+        if entry.base + wait <= now_m:
             self._dispatcher.forget(entry)
             self._attempt(entry)
         else:
-            self._dispatcher.look_again(entry, turn)
+            self._dispatcher.look_again(entry, wait)
 
     def _attempt(self, entry: Entry) -> None:
         assert self._runs is not None
@@ -546,7 +548,7 @@ class Scheduler:
                 "runs the job for %s until they run it again",
                 entry.job.id,
                 result.slot,
-                len(entry.ahead) * GRACE,
+                turn(len(entry.ahead), entry.job.timeout),
                 ", ".join(entry.ahead),
                 extra={"job_id": entry.job.id},
             )

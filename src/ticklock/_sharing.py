@@ -4,9 +4,10 @@ Every replica ranks the live replicas that declare a job by a hash of (replica, 
 first (rendezvous, or highest-random-weight, hashing): the first is the job's owner, which
 attempts each slot at its instant, as a lone replica would. The others are its backups. They
 do not attempt the slot: :data:`GRACE` after its latest fire each reads the job's state (one
-statement for every job whose look is due, see ``Dispatcher``), and the ``k``-th backup
-attempts a slot that is still open ``k`` graces after it. A backup that ran a slot stands in
-for the owners ahead of it from then on, until a run elsewhere shows one of them is back.
+statement for every job whose look is due, see ``Dispatcher``), and the first backup attempts a
+slot that is still open then; the others wait until the runs of those ahead of them must have
+ended (see :func:`turn`). A backup that ran a slot stands in for the owners ahead of it from
+then on, until a run elsewhere shows one of them is back.
 
 Every replica computes the same ranking from the same view. A view that differs (a replica
 joined or died, and not every replica has heard yet) costs transactions, never a duplicate: the
@@ -26,6 +27,14 @@ looks; the ``k``-th backup attempts a slot still open ``k`` graces after it."""
 LOOK_GRID = 0.5
 """Backups' looks are rounded up to this many seconds of the monotonic clock, so that the looks
 due close together are read in one statement."""
+
+
+def turn(rank: int, timeout: float) -> float:
+    """Seconds after a slot's latest fire at which its ``rank``-th backup attempts it if it is
+    still open: a grace for the first (the owner missed it, or runs it still: then the attempt
+    finds the lock held, one transaction); for the others, a grace per rank after the job's
+    timeout, by when any run ahead has ended or been ended by the server."""
+    return rank * GRACE if rank <= 1 else timeout + rank * GRACE
 
 
 def weight(owner: str, job_id: str) -> int:
