@@ -268,6 +268,7 @@ class Scheduler:
         """
         self._check_idle()
         self._status = "starting"
+        self._share = Share(self.owner)  # no view until this run's first heartbeat
         try:
             if self.postgres:
                 self._coordinator = self._make_postgres()
@@ -408,6 +409,7 @@ class Scheduler:
 
     def _start_job(self, entry: Entry, now: datetime) -> None:
         entry.since = now
+        entry.passed = frozenset()
         job = entry.job
         if not job.enabled:
             return
