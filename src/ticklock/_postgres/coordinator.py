@@ -8,9 +8,10 @@ the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
 A handler that used ``ctx.conn`` may have left session state: settings, a role, temporary
 tables, cursors, listeners, advisory locks (``sql.RESET`` undoes them all), or SQL prepared
 statements (``PREPARE``, which no statement can drop without also dropping asyncpg's own):
-the query after the reset says whether any is left, and such a connection is closed instead
-of reused. All of it rides in the same simple query as the tick's COMMIT (the reset just
-before it, inside the transaction) or its ROLLBACK (just after it): no extra round trip.
+the commit statement (or, on the way out of a failed tick, a query after the reset) says
+whether any is left, and such a connection is closed instead of reused. The reset rides in the
+same simple query as the tick's COMMIT (just before it, inside the transaction) or its
+ROLLBACK (just after it): no extra round trip, and a tick that commits is one transaction.
 
 The commit statement itself checks that the transaction is still the one that took the lock
 (a handler's ``COMMIT AND CHAIN`` would start another one, without the lock), that the
@@ -114,6 +115,9 @@ class _PgAttempt:
         self.state = FleetState()
 
     async def commit(self, result: RunResult, job: Job) -> None:
+        # The handler has returned: nothing it left running may use the connection now,
+        # between the commit statement's checks and the COMMIT.
+        self._lease.end()
         report = None if result.report is None else json.dumps(result.report)
         with self._coordinator.shielded():
             try:
@@ -152,9 +156,10 @@ class _PgAttempt:
             self._limit_ms,
             result.manual,
             next_due,
+            self._lease.used,
         )
         assert row is not None  # the statement returns one row
-        written, same_tx, bounded, ahead = row
+        written, same_tx, bounded, ahead, prepared = row
         if not same_tx:
             raise TransactionEnded(
                 "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
@@ -181,8 +186,8 @@ class _PgAttempt:
         # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
         # commit, so a run is never recorded as failed after its writes committed.
         if self._lease.used:
-            status = await self._con.execute(self._coordinator.reset() + "COMMIT" + LEFTOVERS)
-            self._lease.retire |= status == "SELECT 1"
+            self._lease.retire |= prepared
+            await self._con.execute(self._coordinator.reset() + "COMMIT")
         else:
             await self._con.execute("COMMIT")
         self._open = False

@@ -131,7 +131,8 @@ class Statements:
     ``commit`` writes the watermark, the success and the run record in one statement, and only
     if the transaction is still the one that took the lock (``now()`` is its start, read under
     the lock), the server-side timeouts the tick set still hold, and the slot and end are not
-    more than ``FUTURE_LIMIT`` seconds in the database's future; it says which check failed.
+    more than ``FUTURE_LIMIT`` seconds in the database's future; it says which check failed,
+    and (``$13``: the handler used its connection) whether SQL prepared statements are left.
     """
 
     def __init__(self, schema: str) -> None:
@@ -197,7 +198,8 @@ WITH guard AS (
         report, manual)
     SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11 FROM j
 )
-SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8 FROM guard"""
+SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
+    $13::boolean AND {PREPARED} FROM guard"""
         # One statement per heartbeat: the replica's row (its job lists only when they
         # changed: NULL keeps them), the namespace's paused and triggered jobs, and the other
         # live replicas with when their job lists last changed.
@@ -263,7 +265,10 @@ RESET = (
     "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES; "
 )
 """Undoes the session state a handler can leave (RESET ALL keeps the role: reset apart)."""
-LEFTOVERS = "; SELECT 1 WHERE EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
+PREPARED = "EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
+"""Whether the session holds SQL prepared statements (``PREPARE``), which no reset can drop
+without dropping asyncpg's own."""
+LEFTOVERS = f"; SELECT 1 WHERE {PREPARED}"
 """After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
 
 
