@@ -29,7 +29,7 @@ class ResetCounter(asyncpg.Connection):  # type: ignore[type-arg,unused-ignore]
     async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
         if "RESET ALL" in query:
             where = "ROLLBACK" if query.startswith("ROLLBACK") else "alone"
-            ResetCounter.resets.append("COMMIT" if "COMMIT;" in query else where)
+            ResetCounter.resets.append("COMMIT" if query.endswith("COMMIT") else where)
         return await super().execute(query, *args, **kwargs)
 
 
