@@ -32,7 +32,7 @@ def owners_of(share: Share) -> dict[str, str]:
 def test_every_replica_ranks_the_same_and_the_jobs_spread_evenly() -> None:
     shares = [Share(me) for me in ("a", "b", "c", "d")]
     for share in shares:
-        share.update(view("a", "b", "c", "d"))
+        share.update(view("a", "b", "c", "d"), {})
     assert len({tuple(share.ranking(job) for job in JOBS) for share in shares}) == 1
     counts = Counter(owners_of(shares[0]).values())
     assert set(counts) == {"a", "b", "c", "d"}
@@ -45,20 +45,20 @@ def test_every_replica_ranks_the_same_and_the_jobs_spread_evenly() -> None:
 
 def test_a_replica_leaving_moves_only_its_own_jobs() -> None:
     share = Share("a")
-    share.update(view("a", "b", "c", "d"))
+    share.update(view("a", "b", "c", "d"), {})
     before = owners_of(share)
-    assert share.update(view("a", "b", "c"))
+    assert share.update(view("a", "b", "c"), {})
     after = owners_of(share)
     moved = {job for job in JOBS if before[job] != after[job]}
     assert moved == {job for job in JOBS if before[job] == "d"}
     # and they go to whoever ranked second for them: spread over all the others
     assert {after[job] for job in moved} == {"a", "b", "c"}
-    assert not share.update(view("a", "b", "c"))  # the same view is no change
+    assert not share.update(view("a", "b", "c"), {})  # the same view is no change
 
 
 def test_only_the_replicas_that_declare_a_job_rank_for_it() -> None:
     share = Share("a")
-    share.update({"a": frozenset(JOBS), "old": frozenset(JOBS[:10])})
+    share.update({"a": frozenset(JOBS), "old": frozenset(JOBS[:10])}, {})
     assert all(share.ranking(job) == ("a",) for job in JOBS[10:])
     assert all(set(share.ranking(job)) == {"a", "old"} for job in JOBS[:10])
 
@@ -66,14 +66,19 @@ def test_only_the_replicas_that_declare_a_job_rank_for_it() -> None:
 def test_a_replica_outside_the_view_attempts_everything_and_passed_owners_are_skipped() -> None:
     share = Share("me")
     assert share.ahead("job-1") == ()  # no view yet: attempt (a transaction, never a run)
-    share.update(view("x", "y"))
+    share.update(view("x", "y"), {})
     assert share.ahead("job-1") == ()  # not in the view (has not beaten yet)
-    share.update(view("me", "x", "y"))
+    share.update(view("me", "x", "y"), {})
     job = next(j for j in JOBS if share.ranking(j)[-1] == "me")  # this replica ranks last
     ahead = share.ahead(job)
     assert ahead == share.ranking(job)[:2]
+    share.missed(ahead)
     assert share.ahead(job, frozenset(ahead[:1])) == ahead[1:]
     assert share.ahead(job, frozenset(ahead)) == ()
+    # one of them beats again: it was paused, not dead, and is ahead again
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    share.update(view("me", "x", "y"), {ahead[0]: t})
+    assert share.ahead(job, frozenset(ahead)) == ahead[:1]
 
 
 def test_the_weight_is_stable() -> None:
@@ -105,7 +110,7 @@ async def test_a_backup_runs_a_slot_its_owner_left_open_a_grace_late_then_stands
     owner = ahead_of("backup", "job")
     with run_log() as log:
         async with scheduler:
-            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})})
+            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})}, {})
             await clock.advance(5.9)  # the slot at 5 s is the owner's
             assert starts == []  # and a backup waits a grace (1 s) after it
             await clock.advance(0.6)
@@ -132,7 +137,7 @@ async def test_a_backup_does_not_attempt_a_slot_it_finds_committed() -> None:
     owner = ahead_of("backup", "job")
     with run_log() as log:
         async with scheduler:
-            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})})
+            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})}, {})
             await clock.advance(5.5)
             # the owner's run, committed where the backup reads the state (here: in-process)
             await scheduler.run_now("job")
@@ -141,6 +146,77 @@ async def test_a_backup_does_not_attempt_a_slot_it_finds_committed() -> None:
             await clock.advance(7.5)  # and the next slot (15.5) is the owner's again
             assert starts == [5.5]
     assert log.outcomes("job") == ["success"]  # no attempt found it locked or done
+
+
+@pytest.mark.anyio
+async def test_a_stand_in_hands_the_job_back_when_the_owner_beats_again() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, owner="backup")
+    t0 = clock.now()
+    starts: list[float] = []
+
+    @scheduler.job(every(10, initial_delay=5), id="job")
+    async def job(ctx: JobContext) -> None:
+        starts.append((ctx.started_at - t0).total_seconds())
+
+    owner = ahead_of("backup", "job")
+    both = {"backup": frozenset({"job"}), owner: frozenset({"job"})}
+    async with scheduler:
+        scheduler._members(both, {owner: t0})
+        await clock.advance(6.5)
+        assert starts == [6.0]  # the owner missed slot 5: stood in
+        await clock.advance(10)
+        assert starts == [6.0, 16.0]  # on time, for the owner
+        scheduler._members(both, {owner: clock.now()})  # the owner beats again (was paused)
+        await clock.advance(11)
+        # a backup again: it looked at slot 26 a grace late (and, nobody running it here,
+        # ran it and stood in again)
+        assert starts == [6.0, 16.0, 27.0]
+
+
+@pytest.mark.anyio
+async def test_a_view_change_keeps_the_slot_waited_for() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, owner="backup")
+    t0 = clock.now()
+    slots: list[float] = []
+
+    @scheduler.job(every(60, jitter=30, initial_delay=60), id="job", catch_up=False, timeout=5)
+    async def job(ctx: JobContext) -> None:
+        slots.append((ctx.slot - t0).total_seconds())
+
+    owner = ahead_of("backup", "job")
+    async with scheduler:
+        scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})}, {})
+        await clock.advance(64)  # slot 60 passed; its owner waits on its jitter
+        scheduler._members({"backup": frozenset({"job"})}, {})  # and leaves before firing
+        await clock.advance(40)
+    assert slots[:1] == [60.0]  # the slot moved to this replica; it was not skipped
+
+
+@pytest.mark.anyio
+async def test_a_later_backup_waiting_for_its_turn_does_not_call_the_job_overdue() -> None:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, owner="backup")
+    t0 = clock.now()
+    starts: list[float] = []
+
+    @scheduler.job(every(10, initial_delay=3600), id="job", timeout=8)
+    async def job(ctx: JobContext) -> None:
+        starts.append((ctx.started_at - t0).total_seconds())
+
+    first, second = sorted((f"o{i}" for i in range(100)), key=lambda o: -weight(o, "job"))[:2]
+    assert weight(second, "job") > weight("backup", "job")  # this replica is the 2nd backup
+    async with scheduler:
+        await scheduler.run_now("job")  # the last success, at 0: the next slot is 10
+        scheduler._members({o: frozenset({"job"}) for o in ("backup", first, second)}, {})
+        await clock.advance(19.5)
+        # the look at 11 found slot 10 open; the second backup's turn is 10 + 8 + 2 s: until
+        # then a run ahead may be going on, as when a lock is found held
+        assert [h.overdue for h in scheduler.health()] == [False]
+        assert starts == [0.0]
+        await clock.advance(1)
+        assert starts == [0.0, 20.0]
 
 
 # -- replicas in one process, on PostgreSQL -------------------------------------------------

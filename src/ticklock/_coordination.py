@@ -148,7 +148,7 @@ class Coordinator(Protocol):
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]]], None],
+        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
     ) -> NoReturn:
         """Until cancelled: report this replica as live, declaring ``declared()``; call
         ``apply`` with every paused or triggered job of the namespace when that may change, and
@@ -211,7 +211,7 @@ class LocalCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]]], None],
+        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
     ) -> NoReturn:
         """Call ``apply`` with the paused and triggered jobs at start and at each poke (one
         process: no other members, and so no work to share)."""

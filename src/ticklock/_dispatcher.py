@@ -212,8 +212,9 @@ class Dispatcher:
         if entry.deadline < self._sleeping_until:
             self.wake()
 
-    def look_again(self, entry: Entry, lag: float) -> None:
-        """Wait for the same slot again, until ``lag`` seconds after its latest fire."""
+    def requeue(self, entry: Entry, lag: float) -> None:
+        """Wait for the same slot or delay again, until ``lag`` seconds after its base (its
+        latest fire, or the delay's end)."""
         self.forget(entry)
         entry.lag = lag
         entry.deadline = _lagged(entry.base, lag, self._clock.monotonic())

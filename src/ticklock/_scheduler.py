@@ -218,7 +218,6 @@ class Scheduler:
         entry = self._entries[job.id] = Entry(job)
         if self._status == "running":
             self._start_job(entry, self._clock.now())
-            self._coordinator.poke()  # the other replicas learn of it at once
         return job
 
     def remove(self, id: str) -> Job:
@@ -229,7 +228,6 @@ class Scheduler:
             raise KeyError(f"no job with id {id!r}") from None
         entry.removed = True
         self._dispatcher.forget(entry)
-        self._coordinator.poke()
         return entry.job
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -418,6 +416,8 @@ class Scheduler:
     def _schedule(self, entry: Entry, plan: Plan) -> None:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
         backup, to look at it a grace after its slot (see :mod:`._sharing`)."""
+        if entry.passed:  # those that beat since are back
+            entry.passed = frozenset(o for o in entry.passed if self._share.silent(o))
         entry.ahead = () if entry.manual else self._share.ahead(entry.job.id, entry.passed)
         lag = GRACE if entry.ahead and plan.slot is not None else 0.0
         self._dispatcher.schedule(entry, plan, lag)
@@ -433,24 +433,29 @@ class Scheduler:
 
     async def _look(self, _: None) -> None:
         looks, self._looks = self._looks, []
+        states: dict[str, FleetState] | None = None
         try:
-            states: dict[str, FleetState] | None = await self._coordinator.read(
-                [entry.job.id for entry in looks]
-            )
+            with anyio.fail_after(_READ_LIMIT):
+                states = await self._coordinator.read([entry.job.id for entry in looks])
         except Exception as exc:  # the attempts meet the same error, and report it
             logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)
-            states = None
+        finally:  # cancelled (shutdown) too: never leave an entry marked as running
+            for entry in looks:
+                entry.running = False
         for entry in looks:
-            entry.running = False
             if entry.steered:
                 entry.steered = False
                 self._coordinator.poke()
             if entry.removed or self._status != "running":
                 continue
-            if states is None:
-                self._attempt(entry)
-            else:
-                self._looked(entry, states.get(entry.job.id) or FleetState())
+            try:
+                if states is None:
+                    self._attempt(entry)
+                else:
+                    self._looked(entry, states.get(entry.job.id) or FleetState())
+            except Exception:  # a bug in ticklock itself must not stop the job
+                logger.exception("internal error in a look at %s", entry.job.id)
+                self._schedule(entry, Plan(None, entry.job.trigger.period))
 
     def _looked(self, entry: Entry, state: FleetState) -> None:
         """A backup read the job's ``state``: plan from it if the fleet moved past the slot,
@@ -468,23 +473,27 @@ class Scheduler:
         if entry.base + wait <= now_m:
             self._dispatcher.forget(entry)
             self._attempt(entry)
-        else:
-            self._dispatcher.look_again(entry, wait)
+        else:  # a run ahead may be in progress: presume it succeeds, as for a held lock
+            entry.held_at = self._clock.now()
+            self._dispatcher.requeue(entry, wait)
 
     def _attempt(self, entry: Entry) -> None:
         assert self._runs is not None
         entry.running = True
         self._runs.start(self._tick, entry, f"ticklock.run {entry.job.id}")
 
-    def _members(self, members: Mapping[str, frozenset[str]]) -> None:
-        """A new view of the live replicas: plan again the jobs whose turn it changes."""
-        if not self._share.update(members) or self._status != "running":
+    def _members(self, members: Mapping[str, frozenset[str]], seen: Mapping[str, datetime]) -> None:
+        """A new view of the live replicas: wait for the same slots, each as owner or as
+        backup as the view now says."""
+        if not self._share.update(members, seen) or self._status != "running":
             return
         for entry in self._entries.values():
-            if entry.running or entry.removed or entry.manual or not entry.job.enabled:
+            if entry.running or entry.removed or entry.manual or not entry.queued:
                 continue
-            if self._share.ahead(entry.job.id, entry.passed) != entry.ahead:
-                self._plan(entry, None)
+            ahead = self._share.ahead(entry.job.id, entry.passed)
+            if ahead != entry.ahead:
+                entry.ahead = ahead
+                self._dispatcher.requeue(entry, GRACE if ahead and entry.slot else 0.0)
 
     async def _tick(self, entry: Entry) -> None:
         job = entry.job
@@ -538,8 +547,7 @@ class Scheduler:
         else:
             self._plan(entry, result)
 
-    @staticmethod
-    def _took_over(entry: Entry, result: RunResult) -> None:
+    def _took_over(self, entry: Entry, result: RunResult) -> None:
         """A run elsewhere (locked, or the slot committed) shows the replicas ahead are back;
         a slot this backup ran shows they missed it: it stands in for them from now on."""
         if result.outcome in (Outcome.LOCKED, Outcome.SKIPPED):
@@ -555,6 +563,7 @@ class Scheduler:
                 extra={"job_id": entry.job.id},
             )
             entry.passed |= frozenset(entry.ahead)
+            self._share.missed(entry.ahead)
 
     def _plan(self, entry: Entry, result: RunResult | None) -> None:
         state = entry.state or _NO_STATE
@@ -732,6 +741,7 @@ _LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an er
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
 _NO_CONTROL = Control(None, None)
 _RAN = (Outcome.SUCCESS, Outcome.FAILURE, Outcome.TIMEOUT)  # the handler ran: the slot was open
+_READ_LIMIT = 5.0  # seconds a backups' look may take before they attempt instead
 
 
 def _future(state: FleetState, now: datetime) -> bool:

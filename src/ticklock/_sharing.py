@@ -7,7 +7,8 @@ do not attempt the slot: :data:`GRACE` after its latest fire each reads the job'
 statement for every job whose look is due, see ``Dispatcher``), and the first backup attempts a
 slot that is still open then; the others wait until the runs of those ahead of them must have
 ended (see :func:`turn`). A backup that ran a slot stands in for the owners ahead of it from
-then on, until a run elsewhere shows one of them is back.
+then on, until one of them beats again (it was paused, not dead) or a run elsewhere shows it is
+back.
 
 Every replica computes the same ranking from the same view. A view that differs (a replica
 joined or died, and not every replica has heard yet) costs transactions, never a duplicate: the
@@ -18,7 +19,8 @@ of rendezvous hashing), and an owner's jobs spread over all the others when it d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from hashlib import blake2b
 
 GRACE = 1.0
@@ -51,19 +53,36 @@ class Share:
         self.me = me
         self._members: dict[str, frozenset[str]] = {}
         self._ranked: dict[str, tuple[str, ...]] = {}  # per job, cleared when the view changes
+        self._seen: Mapping[str, datetime] = {}  # each other replica's last heartbeat
+        self._silent: dict[str, datetime | None] = {}  # missed a slot: its heartbeat then
 
     @property
     def members(self) -> Mapping[str, frozenset[str]]:
         """The live replicas (this one included) and the ids of the jobs each runs."""
         return self._members
 
-    def update(self, members: Mapping[str, frozenset[str]]) -> bool:
-        """Take a new view; whether it differs from the last one."""
+    def update(self, members: Mapping[str, frozenset[str]], seen: Mapping[str, datetime]) -> bool:
+        """Take a new view, and the replicas' last heartbeats; whether the members or their
+        jobs differ from the last view, or a replica that missed a slot beat again."""
+        self._seen = seen
+        woke = [owner for owner, at in self._silent.items() if seen.get(owner) != at]
+        for owner in woke:
+            del self._silent[owner]
         if members == self._members:
-            return False
+            return bool(woke)
         self._members = dict(members)
         self._ranked.clear()
         return True
+
+    def missed(self, owners: Iterable[str]) -> None:
+        """``owners`` left a slot open that this replica then ran: until one of them beats
+        again, this replica stands in for it."""
+        for owner in owners:
+            self._silent[owner] = self._seen.get(owner)
+
+    def silent(self, owner: str) -> bool:
+        """Whether ``owner`` missed a slot and has not beaten since."""
+        return owner in self._silent and self._seen.get(owner) == self._silent[owner]
 
     def ranking(self, job_id: str) -> tuple[str, ...]:
         """The live replicas that run ``job_id``, owner first."""
@@ -76,11 +95,12 @@ class Share:
 
     def ahead(self, job_id: str, passed: frozenset[str] = frozenset()) -> tuple[str, ...]:
         """The replicas ranked before this one for ``job_id``, but for those in ``passed``
-        (which missed a slot that this replica then ran). Empty: this replica attempts each
-        slot itself, as it does when it is not in the view at all (none yet, or it has not
-        beaten since it declared the job): attempting costs a transaction, never a run."""
+        (which missed a slot that this replica then ran) that have not beaten since. Empty:
+        this replica attempts each slot itself, as it does when it is not in the view at all
+        (none yet, or it has not beaten since it declared the job): attempting costs a
+        transaction, never a run."""
         ranking = self.ranking(job_id)
         if self.me not in ranking:
             return ()
         before = ranking[: ranking.index(self.me)]
-        return tuple(owner for owner in before if owner not in passed)
+        return tuple(o for o in before if o not in passed or not self.silent(o))

@@ -66,7 +66,7 @@ class Watch:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]]], None],
+        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
     ) -> None:
         self._coordinator = coordinator
         self._dsn = dsn  # None: a pool the application passed, no LISTEN
@@ -137,7 +137,8 @@ class Watch:
             self._sent = declared
         elif row["inserted"]:  # our row was gone: beat again now, with the job list
             self._sent, self._woken = None, True
-        self._members({self._owner: frozenset(declared.enabled), **others})
+        seen = dict(zip(row["owners"] or [], row["seen"] or [], strict=True))
+        self._members({self._owner: frozenset(declared.enabled), **others}, seen)
         self._apply(
             {
                 job_id: Control(paused_at, trigger_at)

@@ -262,7 +262,7 @@ class PostgresCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]]], None],
+        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
     ) -> NoReturn:
         """Beat for this replica, obey pauses and triggers, and report the live replicas
         (see :mod:`.control`)."""

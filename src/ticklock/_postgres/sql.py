@@ -215,15 +215,16 @@ WITH beat AS (
     SELECT job_id, paused_at, trigger_at FROM {s}.jobs
     WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_at IS NOT NULL)
 ), live AS (
-    SELECT owner, declared_at FROM {s}.replicas
+    SELECT owner, declared_at, seen_at FROM {s}.replicas
     WHERE namespace = $1 AND owner <> $2 AND seen_at > now() - $5::float8 * interval '1 s'
 )
-SELECT beat.inserted, s.ids, s.paused, s.triggered, l.owners, l.declared FROM beat,
+SELECT beat.inserted, s.ids, s.paused, s.triggered, l.owners, l.declared, l.seen FROM beat,
     (SELECT array_agg(job_id ORDER BY job_id) AS ids,
         array_agg(paused_at ORDER BY job_id) AS paused,
         array_agg(trigger_at ORDER BY job_id) AS triggered FROM steered) AS s,
     (SELECT array_agg(owner ORDER BY owner) AS owners,
-        array_agg(declared_at ORDER BY owner) AS declared FROM live) AS l"""
+        array_agg(declared_at ORDER BY owner) AS declared,
+        array_agg(seen_at ORDER BY owner) AS seen FROM live) AS l"""
         self.declared = (
             f"SELECT owner, jobs, declared_at FROM {s}.replicas "
             "WHERE namespace = $1 AND owner = ANY($2::text[])"
