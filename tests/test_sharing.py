@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from contextlib import AsyncExitStack
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -72,12 +72,16 @@ def test_a_replica_outside_the_view_attempts_everything_and_passed_owners_are_sk
     job = next(j for j in JOBS if share.ranking(j)[-1] == "me")  # this replica ranks last
     ahead = share.ahead(job)
     assert ahead == share.ranking(job)[:2]
-    share.missed(ahead)
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    share.update(view("me", "x", "y"), dict.fromkeys(ahead, t))
+    share.missed(ahead, t + timedelta(seconds=5))
     assert share.ahead(job, frozenset(ahead[:1])) == ahead[1:]
     assert share.ahead(job, frozenset(ahead)) == ()
-    # one of them beats again: it was paused, not dead, and is ahead again
-    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    share.update(view("me", "x", "y"), {ahead[0]: t})
+    # a heartbeat from before the miss (less a grace) is no news
+    assert not share.update(view("me", "x", "y"), {o: t + timedelta(seconds=4) for o in ahead})
+    assert share.ahead(job, frozenset(ahead)) == ()
+    # one of them beats after it: it was paused, not dead, and is ahead again
+    assert share.update(view("me", "x", "y"), {ahead[0]: t + timedelta(seconds=6)})
     assert share.ahead(job, frozenset(ahead)) == ahead[:1]
 
 

@@ -563,7 +563,7 @@ class Scheduler:
                 extra={"job_id": entry.job.id},
             )
             entry.passed |= frozenset(entry.ahead)
-            self._share.missed(entry.ahead)
+            self._share.missed(entry.ahead, result.started_at)
 
     def _plan(self, entry: Entry, result: RunResult | None) -> None:
         state = entry.state or _NO_STATE

@@ -20,7 +20,7 @@ of rendezvous hashing), and an owner's jobs spread over all the others when it d
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from hashlib import blake2b
 
 GRACE = 1.0
@@ -54,7 +54,7 @@ class Share:
         self._members: dict[str, frozenset[str]] = {}
         self._ranked: dict[str, tuple[str, ...]] = {}  # per job, cleared when the view changes
         self._seen: Mapping[str, datetime] = {}  # each other replica's last heartbeat
-        self._silent: dict[str, datetime | None] = {}  # missed a slot: its heartbeat then
+        self._silent: dict[str, datetime] = {}  # missed a slot: a heartbeat after this is news
 
     @property
     def members(self) -> Mapping[str, frozenset[str]]:
@@ -65,7 +65,7 @@ class Share:
         """Take a new view, and the replicas' last heartbeats; whether the members or their
         jobs differ from the last view, or a replica that missed a slot beat again."""
         self._seen = seen
-        woke = [owner for owner, at in self._silent.items() if seen.get(owner) != at]
+        woke = [owner for owner in self._silent if not self.silent(owner)]
         for owner in woke:
             del self._silent[owner]
         if members == self._members:
@@ -74,15 +74,18 @@ class Share:
         self._ranked.clear()
         return True
 
-    def missed(self, owners: Iterable[str]) -> None:
-        """``owners`` left a slot open that this replica then ran: until one of them beats
-        again, this replica stands in for it."""
+    def missed(self, owners: Iterable[str], at: datetime) -> None:
+        """``owners`` left a slot open that this replica ran at ``at``: until one of them
+        beats after that (less a grace, for the clocks' skew), this replica stands in for it."""
+        since = at - timedelta(seconds=GRACE)
         for owner in owners:
-            self._silent[owner] = self._seen.get(owner)
+            self._silent[owner] = since
 
     def silent(self, owner: str) -> bool:
         """Whether ``owner`` missed a slot and has not beaten since."""
-        return owner in self._silent and self._seen.get(owner) == self._silent[owner]
+        since = self._silent.get(owner)
+        seen = self._seen.get(owner)
+        return since is not None and (seen is None or seen <= since)
 
     def ranking(self, job_id: str) -> tuple[str, ...]:
         """The live replicas that run ``job_id``, owner first."""
