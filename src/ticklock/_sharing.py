@@ -66,8 +66,8 @@ class Share:
         jobs differ from the last view, or a replica that missed a slot beat again."""
         self._seen = seen
         woke = [owner for owner in self._silent if not self.silent(owner)]
-        for owner in woke:
-            del self._silent[owner]
+        for owner in woke + [owner for owner in self._silent if owner not in members]:
+            self._silent.pop(owner, None)  # back, or gone from the view (dead)
         if members == self._members:
             return bool(woke)
         self._members = dict(members)
