@@ -15,6 +15,7 @@ import pytest
 from helpers import eventually, run_log
 from ticklock import JobContext, Scheduler, every
 from ticklock._sharing import Share, weight
+from ticklock._triggers import Trigger
 from ticklock.testing import ManualClock
 
 JOBS = [f"job-{i}" for i in range(1000)]
@@ -99,128 +100,107 @@ def ahead_of(me: str, job_id: str) -> str:
     return next(o for o in (f"o{i}" for i in range(100)) if weight(o, job_id) > weight(me, job_id))
 
 
+class Backup:
+    """A local scheduler named "backup" on a ManualClock, with one job "job", recording each
+    run's start and slot in seconds from the clock's start; its view of the fleet is given."""
+
+    def __init__(self, trigger: Trigger, **options: Any) -> None:
+        self.clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+        self.scheduler = Scheduler(clock=self.clock, owner="backup")
+        self.starts: list[float] = []
+        self.slots: list[float] = []
+        t0 = self.clock.now()
+
+        async def job(ctx: JobContext) -> None:
+            self.starts.append((ctx.started_at - t0).total_seconds())
+            self.slots.append((ctx.slot - t0).total_seconds())
+
+        self.scheduler.add(job, trigger, id="job", **options)
+
+    def view(self, *others: str, seen: dict[str, datetime] | None = None) -> None:
+        """This replica and ``others`` are live and run the job."""
+        members = {owner: frozenset({"job"}) for owner in ("backup", *others)}
+        self.scheduler._members(members, seen or {})
+
+
 @pytest.mark.anyio
 async def test_a_backup_runs_a_slot_its_owner_left_open_a_grace_late_then_stands_in() -> None:
-    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    scheduler = Scheduler(clock=clock, owner="backup")
-    t0 = clock.now()
-    starts: list[float] = []
-
-    @scheduler.job(every(10, initial_delay=5), id="job")
-    async def job(ctx: JobContext) -> None:
-        starts.append((ctx.started_at - t0).total_seconds())
-
+    b = Backup(every(10, initial_delay=5))
     # the job's owner is another replica, which never runs it (killed)
-    owner = ahead_of("backup", "job")
     with run_log() as log:
-        async with scheduler:
-            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})}, {})
-            await clock.advance(5.9)  # the slot at 5 s is the owner's
-            assert starts == []  # and a backup waits a grace (1 s) after it
-            await clock.advance(0.6)
-            assert starts == [6.0]  # the slot is still open: the backup runs it
+        async with b.scheduler:
+            b.view(ahead_of("backup", "job"))
+            await b.clock.advance(5.9)  # the slot at 5 s is the owner's
+            assert b.starts == []  # and a backup waits a grace (1 s) after it
+            await b.clock.advance(0.6)
+            assert b.starts == [6.0]  # the slot is still open: the backup runs it
             # from now on it stands in for the owner: on time, without a look
-            await clock.advance(10)
-            assert starts == [6.0, 16.0]
-            await clock.advance(10)
-            assert starts == [6.0, 16.0, 26.0]
+            await b.clock.advance(10)
+            assert b.starts == [6.0, 16.0]
+            await b.clock.advance(10)
+            assert b.starts == [6.0, 16.0, 26.0]
     assert log.outcomes("job") == ["success"] * 3
 
 
 @pytest.mark.anyio
 async def test_a_backup_does_not_attempt_a_slot_it_finds_committed() -> None:
-    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    scheduler = Scheduler(clock=clock, owner="backup")
-    t0 = clock.now()
-    starts: list[float] = []
-
-    @scheduler.job(every(10, initial_delay=5), id="job")
-    async def job(ctx: JobContext) -> None:
-        starts.append((ctx.started_at - t0).total_seconds())
-
-    owner = ahead_of("backup", "job")
+    b = Backup(every(10, initial_delay=5))
     with run_log() as log:
-        async with scheduler:
-            scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})}, {})
-            await clock.advance(5.5)
+        async with b.scheduler:
+            b.view(ahead_of("backup", "job"))
+            await b.clock.advance(5.5)
             # the owner's run, committed where the backup reads the state (here: in-process)
-            await scheduler.run_now("job")
-            await clock.advance(3)  # past the slot's grace: the look finds the fleet moved on
-            assert starts == [5.5]
-            await clock.advance(7.5)  # and the next slot (15.5) is the owner's again
-            assert starts == [5.5]
+            await b.scheduler.run_now("job")
+            await b.clock.advance(3)  # past the slot's grace: the look finds the fleet moved on
+            assert b.starts == [5.5]
+            await b.clock.advance(7.5)  # and the next slot (15.5) is the owner's again
+            assert b.starts == [5.5]
     assert log.outcomes("job") == ["success"]  # no attempt found it locked or done
 
 
 @pytest.mark.anyio
 async def test_a_stand_in_hands_the_job_back_when_the_owner_beats_again() -> None:
-    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    scheduler = Scheduler(clock=clock, owner="backup")
-    t0 = clock.now()
-    starts: list[float] = []
-
-    @scheduler.job(every(10, initial_delay=5), id="job")
-    async def job(ctx: JobContext) -> None:
-        starts.append((ctx.started_at - t0).total_seconds())
-
+    b = Backup(every(10, initial_delay=5))
     owner = ahead_of("backup", "job")
-    both = {"backup": frozenset({"job"}), owner: frozenset({"job"})}
-    async with scheduler:
-        scheduler._members(both, {owner: t0})
-        await clock.advance(6.5)
-        assert starts == [6.0]  # the owner missed slot 5: stood in
-        await clock.advance(10)
-        assert starts == [6.0, 16.0]  # on time, for the owner
-        scheduler._members(both, {owner: clock.now()})  # the owner beats again (was paused)
-        await clock.advance(11)
+    async with b.scheduler:
+        b.view(owner, seen={owner: b.clock.now()})
+        await b.clock.advance(6.5)
+        assert b.starts == [6.0]  # the owner missed slot 5: stood in
+        await b.clock.advance(10)
+        assert b.starts == [6.0, 16.0]  # on time, for the owner
+        b.view(owner, seen={owner: b.clock.now()})  # the owner beats again (was paused)
+        await b.clock.advance(11)
         # a backup again: it looked at slot 26 a grace late (and, nobody running it here,
         # ran it and stood in again)
-        assert starts == [6.0, 16.0, 27.0]
+        assert b.starts == [6.0, 16.0, 27.0]
 
 
 @pytest.mark.anyio
 async def test_a_view_change_keeps_the_slot_waited_for() -> None:
-    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    scheduler = Scheduler(clock=clock, owner="backup")
-    t0 = clock.now()
-    slots: list[float] = []
-
-    @scheduler.job(every(60, jitter=30, initial_delay=60), id="job", catch_up=False, timeout=5)
-    async def job(ctx: JobContext) -> None:
-        slots.append((ctx.slot - t0).total_seconds())
-
-    owner = ahead_of("backup", "job")
-    async with scheduler:
-        scheduler._members({"backup": frozenset({"job"}), owner: frozenset({"job"})}, {})
-        await clock.advance(64)  # slot 60 passed; its owner waits on its jitter
-        scheduler._members({"backup": frozenset({"job"})}, {})  # and leaves before firing
-        await clock.advance(40)
-    assert slots[:1] == [60.0]  # the slot moved to this replica; it was not skipped
+    b = Backup(every(60, jitter=30, initial_delay=60), catch_up=False, timeout=5)
+    async with b.scheduler:
+        b.view(ahead_of("backup", "job"))
+        await b.clock.advance(64)  # slot 60 passed; its owner waits on its jitter
+        b.view()  # and leaves before firing
+        await b.clock.advance(40)
+    assert b.slots[:1] == [60.0]  # the slot moved to this replica; it was not skipped
 
 
 @pytest.mark.anyio
 async def test_a_later_backup_waiting_for_its_turn_does_not_call_the_job_overdue() -> None:
-    clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    scheduler = Scheduler(clock=clock, owner="backup")
-    t0 = clock.now()
-    starts: list[float] = []
-
-    @scheduler.job(every(10, initial_delay=3600), id="job", timeout=8)
-    async def job(ctx: JobContext) -> None:
-        starts.append((ctx.started_at - t0).total_seconds())
-
+    b = Backup(every(10, initial_delay=3600), timeout=8)
     first, second = sorted((f"o{i}" for i in range(100)), key=lambda o: -weight(o, "job"))[:2]
     assert weight(second, "job") > weight("backup", "job")  # this replica is the 2nd backup
-    async with scheduler:
-        await scheduler.run_now("job")  # the last success, at 0: the next slot is 10
-        scheduler._members({o: frozenset({"job"}) for o in ("backup", first, second)}, {})
-        await clock.advance(19.5)
+    async with b.scheduler:
+        await b.scheduler.run_now("job")  # the last success, at 0: the next slot is 10
+        b.view(first, second)
+        await b.clock.advance(19.5)
         # the look at 11 found slot 10 open; the second backup's turn is 10 + 8 + 2 s: until
         # then a run ahead may be going on, as when a lock is found held
-        assert [h.overdue for h in scheduler.health()] == [False]
-        assert starts == [0.0]
-        await clock.advance(1)
-        assert starts == [0.0, 20.0]
+        assert [h.overdue for h in b.scheduler.health()] == [False]
+        assert b.starts == [0.0]
+        await b.clock.advance(1)
+        assert b.starts == [0.0, 20.0]
 
 
 # -- replicas in one process, on PostgreSQL -------------------------------------------------
