@@ -491,7 +491,13 @@ class Scheduler:
             if entry.running or entry.removed or entry.manual or not entry.queued:
                 continue
             ahead = self._share.ahead(entry.job.id, entry.passed)
-            if ahead != entry.ahead:
+            if ahead == entry.ahead:
+                continue
+            if entry.slot is not None and entry.attempt == 1:  # a slot, not a retry's delay
+                # the same slot: an owner at it plus its own jitter, a backup a grace after
+                # its latest fire (the owner's jitter is not this replica's)
+                self._schedule(entry, Plan(entry.slot))
+            else:
                 entry.ahead = ahead
                 self._dispatcher.requeue(entry, GRACE if ahead and entry.slot else 0.0)
 
