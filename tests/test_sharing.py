@@ -7,6 +7,7 @@ import logging
 from collections import Counter
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
+from random import Random
 from typing import Any
 
 import anyio
@@ -104,9 +105,9 @@ class Backup:
     """A local scheduler named "backup" on a ManualClock, with one job "job", recording each
     run's start and slot in seconds from the clock's start; its view of the fleet is given."""
 
-    def __init__(self, trigger: Trigger, **options: Any) -> None:
+    def __init__(self, trigger: Trigger, random: Random | None = None, **options: Any) -> None:
         self.clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-        self.scheduler = Scheduler(clock=self.clock, owner="backup")
+        self.scheduler = Scheduler(clock=self.clock, owner="backup", random=random)
         self.starts: list[float] = []
         self.slots: list[float] = []
         t0 = self.clock.now()
@@ -184,6 +185,25 @@ async def test_a_view_change_keeps_the_slot_waited_for() -> None:
         b.view()  # and leaves before firing
         await b.clock.advance(40)
     assert b.slots[:1] == [60.0]  # the slot moved to this replica; it was not skipped
+
+
+class NoJitter(Random):
+    """Draws no jitter: this replica's own fire is the slot itself."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+@pytest.mark.anyio
+async def test_an_owner_that_becomes_a_backup_waits_for_the_latest_fire_not_its_own() -> None:
+    b = Backup(every(60, jitter=30, initial_delay=60), random=NoJitter(), timeout=5)
+    async with b.scheduler:
+        await b.clock.advance(1)  # no view: it waits for slot 60 as its owner (jitter 0)
+        b.view(ahead_of("backup", "job"))  # now the other replica owns it, firing by 90
+        await b.clock.advance(89)
+        assert b.starts == []  # it did not look before the owner's latest fire and a grace
+        await b.clock.advance(2)
+        assert b.starts == [91.0]  # open then (nobody runs it here): the backup runs it
 
 
 @pytest.mark.anyio
