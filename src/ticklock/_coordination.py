@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 import anyio
 
 from ._job import Job, Outcome, RunResult
+from ._sharing import Member
 
 if TYPE_CHECKING:
     import asyncpg
@@ -42,6 +43,8 @@ class FleetState:
     """When an operator paused the job (``None``: not paused)."""
     trigger_at: datetime | None = None
     """The instant of a trigger request no run has served yet."""
+    last_owner: str | None = None
+    """The replica whose run executed last (the one that failed ``failed_slot``, if set)."""
 
     def copy(self) -> FleetState:
         """A copy of this state."""
@@ -54,6 +57,7 @@ class FleetState:
         self.last_success_at = result.finished_at
         self.consecutive_failures = 0
         self.failed_slot, self.failed_attempts = None, 0
+        self.last_owner = result.owner
         self._served(result)
 
     def failed(self, result: RunResult) -> None:
@@ -66,6 +70,7 @@ class FleetState:
                 same = self.failed_slot == result.slot
                 self.failed_slot = result.slot
                 self.failed_attempts = self.failed_attempts + 1 if same else 1
+            self.last_owner = result.owner
         self._served(result)
 
     def _served(self, result: RunResult) -> None:
@@ -83,10 +88,14 @@ class Control(NamedTuple):
 
 
 class Declared(NamedTuple):
-    """The ids of the jobs a replica declares, enabled and disabled."""
+    """What a replica publishes of its jobs: the ids of those it declares, enabled and
+    disabled, the fingerprint of each enabled one's declaration, and those it gave up."""
 
     enabled: tuple[str, ...]
     disabled: tuple[str, ...]
+    fingerprints: tuple[str, ...] = ()
+    """One per enabled job, in the same order."""
+    failing: tuple[str, ...] = ()
 
 
 class Attempt(Protocol):
@@ -134,9 +143,10 @@ class Coordinator(Protocol):
         """Begin a tick: try the job's lock and read its state under it."""
         ...
 
-    async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
-        """The fleet state of the jobs ``job_ids`` (of those the fleet has one), in one read,
-        without their locks: a backup's look at slots its owner should have run."""
+    async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
+        """The fleet state of the jobs ``job_ids`` (of those the fleet has one), and those
+        whose lock is held, in one read without taking the locks: a backup's look at slots
+        its owner should have run."""
         ...
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
@@ -148,7 +158,7 @@ class Coordinator(Protocol):
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
+        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
     ) -> NoReturn:
         """Until cancelled: report this replica as live, declaring ``declared()``; call
         ``apply`` with every paused or triggered job of the namespace when that may change, and
@@ -211,7 +221,7 @@ class LocalCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
+        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
     ) -> NoReturn:
         """Call ``apply`` with the paused and triggered jobs at start and at each poke (one
         process: no other members, and so no work to share)."""
@@ -251,9 +261,10 @@ class LocalCoordinator:
             self.held.add(job_id)
         return _LocalAttempt(self, job_id, acquired)
 
-    async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
-        """Copies of the in-process states."""
-        return {i: self.states[i].copy() for i in job_ids if i in self.states}
+    async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
+        """Copies of the in-process states, and the jobs whose lock is held."""
+        states = {i: self.states[i].copy() for i in job_ids if i in self.states}
+        return states, frozenset(self.held.intersection(job_ids))
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Count the failure in the in-process state."""

@@ -111,12 +111,14 @@ class Entry:
         "job",
         "lag",
         "manual",
-        "passed",
+        "observer",
+        "own_failures",
         "queued",
         "removed",
         "running",
         "since",
         "slot",
+        "stage",
         "steered",
         "state",
     )
@@ -145,7 +147,9 @@ class Entry:
         # (last success, seconds paused since): the time a job was paused is not overdue
         self.credit: tuple[datetime | None, float] = (None, 0.0)
         self.ahead: tuple[str, ...] = ()  # the replicas ranked before this one (see _sharing)
-        self.passed: frozenset[str] = frozenset()  # those of them this replica stands in for
+        self.observer = False  # declared otherwise than the ruling declaration: never attempts
+        self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
+        self.own_failures = 0  # this replica's consecutive failed runs of the job
 
     def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
         return id(self) < id(other)

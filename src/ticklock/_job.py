@@ -236,3 +236,23 @@ def _default_id(func: object) -> str:
     module = getattr(func, "__module__", None) or "?"
     qualname = getattr(func, "__qualname__", None) or type(func).__qualname__
     return f"{module}.{qualname}"
+
+
+def declaration(job: Job) -> str:
+    """What replicas must agree on for ``job``: its trigger and the limits that shape its
+    runs, as a short text (logged when replicas disagree)."""
+    trigger = job.trigger
+    shape = (
+        f"every {trigger.interval:g}s jitter {trigger.jitter:g}s delay {trigger.initial_delay:g}s"
+        if isinstance(trigger, Every)
+        else f"cron {trigger.expr!r} {trigger.tz} jitter {trigger.jitter:g}s"
+    )
+    return (
+        f"{shape}, timeout {job.timeout:g}s, retries {job.retries} (backoff "
+        f"{job.retry_backoff:g}s), catch_up {job.catch_up}, overdue_grace {job.overdue_grace:g}s"
+    )
+
+
+def fingerprint(job: Job) -> str:
+    """A short stable hash of :func:`declaration`, which each replica publishes per job."""
+    return hashlib.blake2b(declaration(job).encode(), digest_size=8).hexdigest()

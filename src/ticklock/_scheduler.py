@@ -27,12 +27,12 @@ from ._coordination import (
 from ._dispatcher import Dispatcher, Entry
 from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._fleet import Fleet
-from ._job import Handler, Job, JobHealth, Outcome, RunResult
+from ._job import Handler, Job, JobHealth, Outcome, RunResult, declaration, fingerprint
 from ._operations import SchedulerFleet
 from ._plan import Plan, overdue_at, plan, stale
 from ._runner import Runner
 from ._runs import Runs
-from ._sharing import GRACE, Share, turn
+from ._sharing import GRACE, STEP, Member, Share
 from ._telemetry import Telemetry, logger
 from ._triggers import Trigger
 from ._validate import Duration, identifier, name, seconds
@@ -111,6 +111,8 @@ class Scheduler:
         self._started_at: datetime | None = None
         self._share = Share(self.owner)  # who attempts each job first (PostgreSQL mode)
         self._looks: list[Entry] = []  # backups' looks due, read together
+        self._failing: set[str] = set()  # the jobs this replica gave up
+        self._disagree: dict[str, tuple[str, ...]] = {}  # replicas declaring a job otherwise
         self._fleet = SchedulerFleet(
             self.namespace,
             self.owner,
@@ -267,6 +269,8 @@ class Scheduler:
         self._check_idle()
         self._status = "starting"
         self._share = Share(self.owner)  # no view until this run's first heartbeat
+        self._failing.clear()
+        self._disagree.clear()
         try:
             if self.postgres:
                 self._coordinator = self._make_postgres()
@@ -407,7 +411,7 @@ class Scheduler:
 
     def _start_job(self, entry: Entry, now: datetime) -> None:
         entry.since = now
-        entry.passed = frozenset()
+        entry.own_failures = 0
         job = entry.job
         if not job.enabled:
             return
@@ -416,11 +420,20 @@ class Scheduler:
     def _schedule(self, entry: Entry, plan: Plan) -> None:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
         backup, to look at it a grace after its slot (see :mod:`._sharing`)."""
-        if entry.passed:  # those that beat since are back
-            entry.passed = frozenset(o for o in entry.passed if self._share.silent(o))
-        entry.ahead = () if entry.manual else self._share.ahead(entry.job.id, entry.passed)
+        entry.stage = 0
+        entry.ahead, entry.observer = self._role(entry, plan.attempt)
         lag = GRACE if entry.ahead and plan.slot is not None else 0.0
         self._dispatcher.schedule(entry, plan, lag)
+
+    def _role(self, entry: Entry, attempt: int) -> tuple[tuple[str, ...], bool]:
+        """The replicas ahead of this one for the entry's next attempt (none: it attempts),
+        and whether it only observes the job. A retry passes over the replica whose attempt
+        failed; a trigger request is served by whichever replica hears of it."""
+        if entry.manual:
+            return (), False
+        state = entry.state
+        failed_by = state.last_owner if attempt > 1 and state is not None else None
+        return self._share.role(entry.job.id, failed_by)
 
     def _spawn(self, entry: Entry) -> None:
         assert self._runs is not None
@@ -434,9 +447,10 @@ class Scheduler:
     async def _look(self, _: None) -> None:
         looks, self._looks = self._looks, []
         states: dict[str, FleetState] | None = None
+        held: frozenset[str] = frozenset()
         try:
             with anyio.fail_after(_READ_LIMIT):
-                states = await self._coordinator.read([entry.job.id for entry in looks])
+                states, held = await self._coordinator.read([entry.job.id for entry in looks])
         except Exception as exc:  # the attempts meet the same error, and report it
             logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)
         finally:  # cancelled (shutdown) too: never leave an entry marked as running
@@ -452,54 +466,113 @@ class Scheduler:
                 if states is None:
                     self._attempt(entry)
                 else:
-                    self._looked(entry, states.get(entry.job.id) or FleetState())
+                    state = states.get(entry.job.id) or FleetState()
+                    self._looked(entry, state, entry.job.id in held)
             except Exception:  # a bug in ticklock itself must not stop the job
                 logger.exception("internal error in a look at %s", entry.job.id)
                 self._schedule(entry, Plan(None, entry.job.trigger.period))
 
-    def _looked(self, entry: Entry, state: FleetState) -> None:
-        """A backup read the job's ``state``: plan from it if the fleet moved past the slot,
-        else attempt the slot once it is this replica's turn."""
+    def _looked(self, entry: Entry, state: FleetState, held: bool) -> None:
+        """A backup read the job's ``state``, and whether its lock is ``held``: plan from it
+        if the fleet moved past the slot, else decide whether to attempt the slot now (see
+        :mod:`._sharing`)."""
         job = entry.job
-        entry.state, entry.held_at = state, None
-        now_m = self._clock.monotonic()
+        entry.state = state
+        self._share.ran(state.last_owner)
         if entry.slot is None or stale(job, state, entry.slot, entry.attempt):
+            entry.held_at = None
             self._plan(entry, None)
-            if entry.slot is None or entry.base + GRACE > now_m:
-                return  # its next look is due later (or nothing is)
-        # the slot is open a grace after its latest fire: the owner missed it, or runs late
-        entry.ahead = self._share.ahead(job.id, entry.passed)
-        wait = turn(len(entry.ahead), job.timeout)
-        if entry.base + wait <= now_m:
-            self._dispatcher.forget(entry)
-            self._attempt(entry)
-        else:  # a run ahead may be in progress: presume it succeeds, as for a held lock
-            entry.held_at = self._clock.now()
-            self._dispatcher.requeue(entry, wait)
+            return
+        now, now_m = self._clock.now(), self._clock.monotonic()
+        since = now_m - entry.base  # seconds since the slot's latest fire (or delay's end)
+        if entry.observer:  # declared otherwise: never attempts, looks again a period later
+            self._dispatcher.requeue(entry, since + job.trigger.period)
+            return
+        if held:  # a run is in progress: presume it succeeds, and look again a grace later
+            if entry.held_at is None:
+                entry.held_at = now
+            if now - entry.held_at < timedelta(seconds=job.timeout + 2 * GRACE):
+                self._dispatcher.requeue(entry, since + GRACE)
+                return
+            # still open and held past any run's bound: attempt (its holder is ended)
+        elif entry.stage == 0:  # the owner missed it: pass it over; the next backup attempts
+            entry.held_at = None
+            self._missed(entry, entry.ahead[:1], now)
+            entry.ahead, entry.observer = self._role(entry, entry.attempt)
+            if entry.ahead:
+                entry.stage = 1
+                self._dispatcher.requeue(entry, since + STEP)
+                return
+        else:  # those ahead missed it too: every backup attempts, the lock lets one run
+            entry.held_at = None
+            self._missed(entry, entry.ahead, now)
+        self._dispatcher.forget(entry)
+        self._attempt(entry)
+
+    def _missed(self, entry: Entry, owners: tuple[str, ...], at: datetime) -> None:
+        news = [owner for owner in owners if not self._share.silent(owner)]
+        self._share.missed(owners, at)
+        if news:
+            logger.info(
+                "%s: slot %s was still open %.2f s after its latest fire, its lock free: "
+                "%s missed it; this replica passes %s over until %s again",
+                entry.job.id,
+                entry.slot,
+                self._clock.monotonic() - entry.base,
+                ", ".join(news),
+                "it" if len(news) == 1 else "them",
+                "it beats" if len(news) == 1 else "they beat",
+                extra={"job_id": entry.job.id},
+            )
 
     def _attempt(self, entry: Entry) -> None:
         assert self._runs is not None
         entry.running = True
         self._runs.start(self._tick, entry, f"ticklock.run {entry.job.id}")
 
-    def _members(self, members: Mapping[str, frozenset[str]], seen: Mapping[str, datetime]) -> None:
+    def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
         """A new view of the live replicas: wait for the same slots, each as owner or as
         backup as the view now says."""
         if not self._share.update(members, seen) or self._status != "running":
             return
         for entry in self._entries.values():
+            if entry.job.enabled:
+                self._disagreement(entry)
             if entry.running or entry.removed or entry.manual or not entry.queued:
                 continue
-            ahead = self._share.ahead(entry.job.id, entry.passed)
-            if ahead == entry.ahead:
+            role = self._role(entry, entry.attempt)
+            if role == (entry.ahead, entry.observer):
                 continue
             if entry.slot is not None and entry.attempt == 1:  # a slot, not a retry's delay
                 # the same slot: an owner at it plus its own jitter, a backup a grace after
                 # its latest fire (the owner's jitter is not this replica's)
                 self._schedule(entry, Plan(entry.slot))
             else:
-                entry.ahead = ahead
-                self._dispatcher.requeue(entry, GRACE if ahead and entry.slot else 0.0)
+                entry.ahead, entry.observer = role
+                self._dispatcher.requeue(entry, GRACE if entry.ahead and entry.slot else 0.0)
+
+    def _disagreement(self, entry: Entry) -> None:
+        """Log once per change when live replicas declare the job otherwise than the ruling
+        declaration (the one published by the replica that started last)."""
+        job_id = entry.job.id
+        others = self._share.disagreement(job_id)
+        if others == self._disagree.get(job_id, ()):
+            return
+        if others:
+            self._disagree[job_id] = others
+            logger.warning(
+                "%s: the live replicas declare it differently: %s declare it otherwise than "
+                "%s, which started last and whose declaration rules (only they run it); this "
+                "replica declares %s",
+                job_id,
+                ", ".join(others),
+                ", ".join(sorted(self._share.ranking(job_id))),
+                declaration(entry.job),
+                extra={"job_id": job_id},
+            )
+        else:
+            del self._disagree[job_id]
+            logger.info("%s: the live replicas declare it alike again", job_id)
 
     async def _tick(self, entry: Entry) -> None:
         job = entry.job
@@ -522,18 +595,18 @@ class Scheduler:
             entry.running = False
         self._after(entry, result, state)
 
-    @staticmethod
-    def _observe(entry: Entry, result: RunResult, state: FleetState | None) -> None:
+    def _observe(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
         if state is not None:
             entry.state = state
             entry.held_at = None
+            self._share.ran(state.last_owner)
         elif result.outcome is Outcome.LOCKED:
             entry.held_at = result.finished_at
 
     def _after(self, entry: Entry, result: RunResult, state: FleetState | None) -> None:
         self._observe(entry, result, state)
         if not result.manual:
-            self._took_over(entry, result)
+            self._count(entry, result)
         entry.manual = False
         if entry.steered:  # paused, resumed or triggered while it ran
             entry.steered = False
@@ -553,23 +626,35 @@ class Scheduler:
         else:
             self._plan(entry, result)
 
-    def _took_over(self, entry: Entry, result: RunResult) -> None:
-        """A run elsewhere (locked, or the slot committed) shows the replicas ahead are back;
-        a slot this backup ran shows they missed it: it stands in for them from now on."""
-        if result.outcome in (Outcome.LOCKED, Outcome.SKIPPED):
-            entry.passed = frozenset()
-        elif entry.ahead and result.outcome in _RAN:
-            logger.info(
-                "%s: slot %s was still open %.1f s after it, so this replica ran it; it "
-                "runs the job for %s until they run it again",
-                entry.job.id,
-                result.slot,
-                turn(len(entry.ahead), entry.job.timeout),
-                ", ".join(entry.ahead),
-                extra={"job_id": entry.job.id},
-            )
-            entry.passed |= frozenset(entry.ahead)
-            self._share.missed(entry.ahead, result.started_at)
+    def _count(self, entry: Entry, result: RunResult) -> None:
+        """Count this replica's failed runs of the job: after :data:`GIVE_UP_AFTER` in a row,
+        while another live replica could run it, give the job up (rank after every other
+        replica for it); a success of its own takes it back."""
+        job_id = entry.job.id
+        if result.outcome is Outcome.SUCCESS:
+            entry.own_failures = 0
+            if job_id in self._failing:
+                self._failing.discard(job_id)
+                logger.info("%s: a run here succeeded: this replica runs it again", job_id)
+                self._coordinator.poke()
+        elif result.outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
+            entry.own_failures += 1
+            if (
+                entry.own_failures >= GIVE_UP_AFTER
+                and job_id not in self._failing
+                and self._share.others_can_run(job_id)
+            ):
+                self._failing.add(job_id)
+                logger.warning(
+                    "%s: this replica's last %d runs failed (last: %s), and other replicas "
+                    "can run it: this replica gives it up, ranking after every other one for "
+                    "it, until it restarts or a run of it here succeeds",
+                    job_id,
+                    entry.own_failures,
+                    result.error,
+                    extra={"job_id": job_id},
+                )
+                self._coordinator.poke()
 
     def _plan(self, entry: Entry, result: RunResult | None) -> None:
         state = entry.state or _NO_STATE
@@ -584,6 +669,8 @@ class Scheduler:
         return Declared(
             tuple(e.job.id for e in jobs if e.job.enabled),
             tuple(e.job.id for e in jobs if not e.job.enabled),
+            tuple(fingerprint(e.job) for e in jobs if e.job.enabled),
+            tuple(sorted(self._failing)),
         )
 
     def _apply(self, controls: Mapping[str, Control]) -> None:
@@ -746,7 +833,8 @@ _RETENTION = "ticklock.retention"
 _LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an error
 _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
 _NO_CONTROL = Control(None, None)
-_RAN = (Outcome.SUCCESS, Outcome.FAILURE, Outcome.TIMEOUT)  # the handler ran: the slot was open
+GIVE_UP_AFTER = 3
+"""A replica gives a job up after this many of its own runs of it failed in a row."""
 _READ_LIMIT = 5.0  # seconds a backups' look may take before they attempt instead
 
 

@@ -3,12 +3,27 @@
 Every replica ranks the live replicas that declare a job by a hash of (replica, job), highest
 first (rendezvous, or highest-random-weight, hashing): the first is the job's owner, which
 attempts each slot at its instant, as a lone replica would. The others are its backups. They
-do not attempt the slot: :data:`GRACE` after its latest fire each reads the job's state (one
-statement for every job whose look is due, see ``Dispatcher``), and the first backup attempts a
-slot that is still open then; the others wait until the runs of those ahead of them must have
-ended (see :func:`turn`). A backup that ran a slot stands in for the owners ahead of it from
-then on, until one of them beats again (it was paused, not dead) or a run elsewhere shows it is
-back.
+do not attempt the slot: :data:`GRACE` after its latest fire each reads the job's state and
+whether its lock is held (one statement for every job whose look is due, see ``Dispatcher``).
+
+- The slot was committed, or a run of it ended: nothing to do.
+- Its lock is held: a run is in progress; the backups look again once that run must have
+  ended (its timeout), and attempt then if the slot is still open and the lock still held
+  (the attempt ends a holder past its bound, see ``_postgres``).
+- Open, and the lock free: the owner missed it (dead, frozen, or its view differs). Every
+  backup notes the owner as *silent*; the first backup attempts at once, and :data:`STEP`
+  later every backup still finding it open attempts (those ahead of them missed it too; the
+  lock lets one run and the others find it held or done). So a slot whose owners died, however
+  many of them, runs about ``GRACE + STEP`` after its latest fire.
+
+A silent replica is passed over in every ranking until it beats again or the fleet's state
+shows a run of its (it was paused, or its view differed, not dead), so that the first backup
+stands in for it from the next slot on.
+
+Only the replicas whose declaration of the job is the ruling one rank: the declaration of the
+replica that started last (a rolling deploy's new release), see :meth:`Share.role`. Replicas
+that declare it otherwise only observe it. A replica whose own runs of a job kept failing
+while others could run it publishes that it gave the job up: it ranks after every other.
 
 Every replica computes the same ranking from the same view. A view that differs (a replica
 joined or died, and not every replica has heard yet) costs transactions, never a duplicate: the
@@ -22,21 +37,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from hashlib import blake2b
+from typing import NamedTuple
 
 GRACE = 1.0
-"""Seconds after a slot's latest fire (slot plus the jitter's maximum) before the first backup
-looks; the ``k``-th backup attempts a slot still open ``k`` graces after it."""
-LOOK_GRID = 0.5
+"""Seconds after a slot's latest fire (slot plus the jitter's maximum) before the backups look."""
+STEP = 0.25
+"""Seconds after the first look at an open slot before every backup still finding it open
+attempts it."""
+LOOK_GRID = 0.25
 """Backups' looks are rounded up to this many seconds of the monotonic clock, so that the looks
 due close together are read in one statement."""
-
-
-def turn(rank: int, timeout: float) -> float:
-    """Seconds after a slot's latest fire at which its ``rank``-th backup attempts it if it is
-    still open: a grace for the first (the owner missed it, or runs it still: then the attempt
-    finds the lock held, one transaction); for the others, a grace per rank after the job's
-    timeout, by when any run ahead has ended or been ended by the server."""
-    return rank * GRACE if rank <= 1 else timeout + rank * GRACE
 
 
 def weight(owner: str, job_id: str) -> int:
@@ -45,25 +55,47 @@ def weight(owner: str, job_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+class Member(NamedTuple):
+    """A live replica as the others see it."""
+
+    jobs: Mapping[str, str]
+    """The ids of the enabled jobs it declares, each with the fingerprint of its declaration."""
+    failing: frozenset[str]
+    """The jobs it gave up: its runs of them kept failing while other replicas could run them."""
+    started_at: datetime
+    """When it started: the declaration of the replica started last rules (a rolling
+    deploy's new release)."""
+
+
+class Role(NamedTuple):
+    """This replica's place for one job."""
+
+    ahead: tuple[str, ...]
+    """The replicas ranked before it that have not missed a slot since they last beat; empty:
+    it attempts each slot itself."""
+    observer: bool = False
+    """It declares the job otherwise than the ruling declaration: it never attempts a slot."""
+
+
 class Share:
-    """This replica's view of the live replicas and the jobs each declares, and the rank of
+    """This replica's view of the live replicas and the jobs each declares, and the role of
     this replica for each job in it."""
 
     def __init__(self, me: str) -> None:
         self.me = me
-        self._members: dict[str, frozenset[str]] = {}
-        self._ranked: dict[str, tuple[str, ...]] = {}  # per job, cleared when the view changes
+        self._members: dict[str, Member] = {}
+        self._ranked: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}  # per view
         self._seen: Mapping[str, datetime] = {}  # each other replica's last heartbeat
         self._silent: dict[str, datetime] = {}  # missed a slot: a heartbeat after this is news
 
     @property
-    def members(self) -> Mapping[str, frozenset[str]]:
-        """The live replicas (this one included) and the ids of the jobs each runs."""
+    def members(self) -> Mapping[str, Member]:
+        """The live replicas (this one included) and what each declares."""
         return self._members
 
-    def update(self, members: Mapping[str, frozenset[str]], seen: Mapping[str, datetime]) -> bool:
+    def update(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> bool:
         """Take a new view, and the replicas' last heartbeats; whether the members or their
-        jobs differ from the last view, or a replica that missed a slot beat again."""
+        declarations differ from the last view, or a silent replica beat again."""
         self._seen = seen
         woke = [owner for owner in self._silent if not self.silent(owner)]
         for owner in woke + [owner for owner in self._silent if owner not in members]:
@@ -75,11 +107,17 @@ class Share:
         return True
 
     def missed(self, owners: Iterable[str], at: datetime) -> None:
-        """``owners`` left a slot open that this replica ran at ``at``: until one of them
-        beats after that (less a grace, for the clocks' skew), this replica stands in for it."""
+        """``owners`` left a slot open that this replica found open at ``at``: until one of
+        them beats after that (less a grace, for the clocks' skew), it is passed over."""
         since = at - timedelta(seconds=GRACE)
         for owner in owners:
-            self._silent[owner] = since
+            if owner != self.me:
+                self._silent.setdefault(owner, since)
+
+    def ran(self, owner: str | None) -> None:
+        """``owner`` ran a run of some job (the fleet's state says so): it is not silent."""
+        if owner is not None:
+            self._silent.pop(owner, None)
 
     def silent(self, owner: str) -> bool:
         """Whether ``owner`` missed a slot and has not beaten since."""
@@ -88,22 +126,56 @@ class Share:
         return since is not None and (seen is None or seen <= since)
 
     def ranking(self, job_id: str) -> tuple[str, ...]:
-        """The live replicas that run ``job_id``, owner first."""
+        """The live replicas that may run ``job_id``, owner first: those with the ruling
+        declaration, the ones that gave it up last."""
+        return self._rank(job_id)[0]
+
+    def _rank(self, job_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
         ranked = self._ranked.get(job_id)
         if ranked is None:
-            candidates = [owner for owner, jobs in self._members.items() if job_id in jobs]
-            candidates.sort(key=lambda owner: (weight(owner, job_id), owner), reverse=True)
-            ranked = self._ranked[job_id] = tuple(candidates)
+            declarers = [
+                (member.started_at, owner, member.jobs[job_id])
+                for owner, member in self._members.items()
+                if job_id in member.jobs
+            ]
+            if not declarers:
+                ranked = ((), frozenset())
+            else:
+                ruling = max(declarers)[2]  # the declaration of the replica started last
+                ours = [owner for _, owner, fp in declarers if fp == ruling]
+                ours.sort(
+                    key=lambda o: (job_id not in self._members[o].failing, weight(o, job_id), o),
+                    reverse=True,
+                )
+                others = frozenset(owner for _, owner, fp in declarers if fp != ruling)
+                ranked = (tuple(ours), others)
+            self._ranked[job_id] = ranked
         return ranked
 
-    def ahead(self, job_id: str, passed: frozenset[str] = frozenset()) -> tuple[str, ...]:
-        """The replicas ranked before this one for ``job_id``, but for those in ``passed``
-        (which missed a slot that this replica then ran) that have not beaten since. Empty:
-        this replica attempts each slot itself, as it does when it is not in the view at all
-        (none yet, or it has not beaten since it declared the job): attempting costs a
-        transaction, never a run."""
-        ranking = self.ranking(job_id)
+    def role(self, job_id: str, excluding: str | None = None) -> Role:
+        """This replica's role for ``job_id``; ``excluding``: a replica passed over (the one
+        whose attempt of the slot failed, for its retry), unless it is the only one.
+
+        A replica outside the view (none yet, or it has not published this job) attempts each
+        slot itself: attempting costs a transaction, never a run."""
+        ranking, others = self._rank(job_id)
+        if self.me in others:
+            return Role(tuple(ranking), observer=True)
         if self.me not in ranking:
-            return ()
+            return Role(())
+        if excluding is not None and excluding in ranking:
+            ranking = tuple(o for o in ranking if o != excluding) + (excluding,)
         before = ranking[: ranking.index(self.me)]
-        return tuple(o for o in before if o not in passed or not self.silent(o))
+        return Role(tuple(o for o in before if not self.silent(o)))
+
+    def others_can_run(self, job_id: str) -> bool:
+        """Whether another live replica may run ``job_id`` (with the ruling declaration, and
+        not given it up): this replica can give it up."""
+        ranking, _ = self._rank(job_id)
+        return any(
+            owner != self.me and job_id not in self._members[owner].failing for owner in ranking
+        )
+
+    def disagreement(self, job_id: str) -> tuple[str, ...]:
+        """The live replicas that declare ``job_id`` otherwise than the ruling declaration."""
+        return tuple(sorted(self._rank(job_id)[1]))

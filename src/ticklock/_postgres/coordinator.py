@@ -54,6 +54,7 @@ from .._errors import (
 from .._job import Job, Outcome, RunResult
 from .._lock_key import lock_key
 from .._plan import next_due, overdue_at
+from .._sharing import Member
 from .connection import ConnectionLease, Pooler, create_pool
 from .control import Watch
 from .sql import LEFTOVERS, RESET, Statements, begin, migrate
@@ -262,7 +263,7 @@ class PostgresCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
+        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
     ) -> NoReturn:
         """Beat for this replica, obey pauses and triggers, and report the live replicas
         (see :mod:`.control`)."""
@@ -296,10 +297,11 @@ class PostgresCoordinator:
         while not self.ready:
             await self._clock.sleep_until(self._retry_at)
             with contextlib.suppress(DatabaseUnavailable):
-                await self._reconnect()
+                await self.reconnect()
 
-    async def _reconnect(self) -> None:
-        """From a tick while not :attr:`ready`: migrate again once the backoff allows."""
+    async def reconnect(self) -> None:
+        """From a tick or a beat while not :attr:`ready`: migrate again once the backoff
+        allows; raises :class:`DatabaseUnavailable` until then."""
         if self._clock.monotonic() >= self._retry_at:
             try:
                 await self._prepare()
@@ -469,7 +471,7 @@ class PostgresCoordinator:
     async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
         """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
         if not self.ready:
-            await self._reconnect()
+            await self.reconnect()
         try:
             assert self.pool is not None, "the coordinator is not open"
             conn = cast("asyncpg.Connection[Any]", await self.pool.acquire())
@@ -498,19 +500,27 @@ class PostgresCoordinator:
             await attempt.close()
             raise
 
-    async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
-        """The fleet state of ``job_ids`` in one statement, without their locks."""
+    async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
+        """The fleet state of ``job_ids`` in one statement, and those whose lock is held,
+        without taking the locks."""
         if not self.ready:
-            await self._reconnect()
+            await self.reconnect()
         try:
             async with self.connection() as conn:
-                rows = await conn.fetch(self.sql.read, self.namespace, list(job_ids))
+                ids = list(job_ids)
+                keys = [lock_key(self.namespace, job_id) for job_id in ids]
+                rows = await conn.fetch(self.sql.read, self.namespace, ids, keys)
         except Exception as exc:
             if self.classify(exc):
                 self._down(exc)
             self.lost(exc)
             raise
-        return {row["job_id"]: FleetState(*tuple(row)[1:]) for row in rows}
+        states = {
+            row["job_id"]: FleetState(*tuple(row)[1:-1])
+            for row in rows
+            if row["consecutive_failures"] is not None  # the job has a row
+        }
+        return states, frozenset(row["job_id"] for row in rows if row["held"])
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Record a run that did not commit, in its own short transaction."""

@@ -15,7 +15,7 @@ from .._lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 4
+VERSION = 5
 _TABLES = ("schema_version", "jobs", "runs", "replicas")
 _MIGRATION_LOCK = "ticklock.migrate"
 
@@ -23,6 +23,11 @@ _MIGRATION_LOCK = "ticklock.migrate"
 def quote(schema: str) -> str:
     """The schema as a quoted SQL identifier (it was validated as a plain identifier)."""
     return '"' + schema.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def migration(schema: str) -> str:
@@ -70,6 +75,8 @@ CREATE TABLE IF NOT EXISTS {s}.replicas (
     started_at timestamptz NOT NULL DEFAULT now(),
     seen_at timestamptz NOT NULL DEFAULT now(),
     declared_at timestamptz NOT NULL DEFAULT now(),
+    fingerprints text[] NOT NULL DEFAULT '{{}}',
+    failing text[] NOT NULL DEFAULT '{{}}',
     PRIMARY KEY (namespace, owner)
 );
 CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
@@ -93,6 +100,9 @@ def upgrades(schema: str) -> dict[int, str]:
         2: f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false",
         3: f"ALTER TABLE {s}.replicas "
         "ADD COLUMN IF NOT EXISTS declared_at timestamptz NOT NULL DEFAULT now()",
+        4: f"ALTER TABLE {s}.replicas "
+        "ADD COLUMN IF NOT EXISTS fingerprints text[] NOT NULL DEFAULT '{}', "
+        "ADD COLUMN IF NOT EXISTS failing text[] NOT NULL DEFAULT '{}'",
     }
 
 
@@ -116,6 +126,9 @@ async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
             if absent == len(_TABLES):
                 return "created"
         version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
+        if version is None:  # the table was emptied: the tables are those of this version
+            await conn.execute(f"INSERT INTO {s}.schema_version (version) VALUES ($1)", VERSION)
+            return "upgraded"
         if version >= VERSION:
             return "upgraded" if absent else "current"
         steps = upgrades(schema)
@@ -140,7 +153,7 @@ class Statements:
         self.state = (
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
             "coalesce(j.consecutive_failures, 0), j.failed_slot, "
-            "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at "
+            "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner "
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
@@ -158,13 +171,21 @@ class Statements:
         )
         columns = (
             "last_slot, last_end, last_success_at, consecutive_failures, failed_slot, "
-            "failed_attempts, paused_at, trigger_at"
+            "failed_attempts, paused_at, trigger_at, last_owner"
         )
         self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
-        self.read = (
-            f"SELECT job_id, {columns} FROM {s}.jobs "
-            "WHERE namespace = $1 AND job_id = ANY($2::text[])"
-        )
+        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys)
+        self.read = f"""
+WITH held AS MATERIALIZED (
+    SELECT classid::int8 AS high, objid::int8 AS low FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT v.id AS job_id, {", ".join("j." + c for c in columns.split(", "))},
+    EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
+        AND low = v.key & 4294967295) AS held
+FROM unnest($2::text[], $3::int8[]) AS v(id, key)
+LEFT JOIN {s}.jobs AS j ON j.namespace = $1 AND j.job_id = v.id"""
         # a manual run serves the trigger requests made up to its slot
         served = "CASE WHEN {m} AND j.trigger_at <= $3 THEN NULL ELSE j.trigger_at END"
         within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
@@ -205,20 +226,31 @@ SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
         # live replicas with when their job lists last changed.
         self.beat = f"""
 WITH beat AS (
-    INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled)
-    VALUES ($1, $2, coalesce($3::text[], '{{}}'), coalesce($4::text[], '{{}}'))
+    INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled, fingerprints, failing)
+    VALUES ($1, $2, coalesce($3::text[], '{{}}'), coalesce($4::text[], '{{}}'),
+        coalesce($6::text[], '{{}}'), coalesce($7::text[], '{{}}'))
     ON CONFLICT (namespace, owner) DO UPDATE SET seen_at = now(),
         jobs = coalesce($3::text[], r.jobs), disabled = coalesce($4::text[], r.disabled),
-        declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END
-    RETURNING xmax = 0 AS inserted
+        fingerprints = coalesce($6::text[], r.fingerprints),
+        failing = coalesce($7::text[], r.failing),
+        declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END,
+        started_at = CASE WHEN $9::boolean THEN now() ELSE r.started_at END
+    RETURNING xmax = 0 AS inserted, started_at
+), pruned AS (
+    DELETE FROM {s}.replicas WHERE namespace = $1 AND owner <> $2
+        AND seen_at < now() - $8::float8 * interval '1 s'
 ), steered AS (
     SELECT job_id, paused_at, trigger_at FROM {s}.jobs
     WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_at IS NOT NULL)
 ), live AS (
     SELECT owner, declared_at, seen_at FROM {s}.replicas
     WHERE namespace = $1 AND owner <> $2 AND seen_at > now() - $5::float8 * interval '1 s'
+        AND seen_at > started_at
 )
-SELECT beat.inserted, s.ids, s.paused, s.triggered, l.owners, l.declared, l.seen FROM beat,
+SELECT beat.inserted, beat.started_at, s.ids, s.paused, s.triggered, l.owners, l.declared,
+    l.seen, to_regclass({_literal(s + ".runs")}) IS NOT NULL
+        AND to_regclass({_literal(s + ".schema_version")}) IS NOT NULL AS whole
+FROM beat,
     (SELECT array_agg(job_id ORDER BY job_id) AS ids,
         array_agg(paused_at ORDER BY job_id) AS paused,
         array_agg(trigger_at ORDER BY job_id) AS triggered FROM steered) AS s,
@@ -226,8 +258,8 @@ SELECT beat.inserted, s.ids, s.paused, s.triggered, l.owners, l.declared, l.seen
         array_agg(declared_at ORDER BY owner) AS declared,
         array_agg(seen_at ORDER BY owner) AS seen FROM live) AS l"""
         self.declared = (
-            f"SELECT owner, jobs, declared_at FROM {s}.replicas "
-            "WHERE namespace = $1 AND owner = ANY($2::text[])"
+            f"SELECT owner, jobs, fingerprints, failing, started_at, declared_at "
+            f"FROM {s}.replicas WHERE namespace = $1 AND owner = ANY($2::text[])"
         )
         # a replica that leaves tells the others at once: they take over its jobs
         self.leave = (
