@@ -15,7 +15,21 @@ job starts once the pause has committed, whenever the replica hears of it.
 Each beat also returns the other live replicas and when their job lists last changed; a list
 is read again only when it changed, and the view goes to the scheduler, which shares the jobs
 over it (see :mod:`ticklock._sharing`). A replica that joins, changes its jobs or leaves sends
-a NOTIFY, so that the replicas listening update their view at once.
+a NOTIFY, so that the replicas listening update their view at once. A replica counts as live
+for the others once it beat twice (a process that dies at start never enters their view: a
+crash-looping pod leaves no live rows), and it beats the second time :data:`CONFIRM` seconds
+after it joined; a row not seen for :data:`PRUNE` seconds is deleted by the next beat.
+
+Anyone who can connect may NOTIFY the channel. What notifications cause is bounded: a beat at
+most every :data:`MIN_GAP` seconds, and a replica that receives more than :data:`STORM`
+notifications within :data:`STORM_WINDOW` seconds closes its LISTEN connection for
+:data:`STORM_QUIET` seconds (a WARNING says so) and beats every :data:`BEAT_FAST` seconds
+meanwhile, as behind a pooler.
+
+A beat that finds one of ticklock's tables missing (dropped, or a schema restored without it)
+creates the tables again at once and beats again; every beat carries the whole set of paused
+and triggered jobs, so a notification or a beat that is lost delays an operator's change by
+one beat interval at most, and loses nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -31,7 +47,10 @@ import anyio
 
 from .._clock import Clock
 from .._coordination import Control, Declared
+from .._errors import DatabaseUnavailable
+from .._sharing import Member
 from .connection import connect
+from .sql import migrate
 
 if TYPE_CHECKING:
     import asyncpg
@@ -48,6 +67,16 @@ BEAT_FAST = 3.0
 """Seconds between beats without one: the bound for a pause or trigger to be seen."""
 LIVE = 60.0
 """A replica whose last beat is older than this is not live (a killed replica drops out)."""
+CONFIRM = 1.0
+"""Seconds after a replica's first beat before its second, which makes it live for the others."""
+PRUNE = 600.0
+"""Seconds after its last beat before a replica's row is deleted."""
+MIN_GAP = 0.5
+"""The least seconds between two beats that notifications cause."""
+STORM, STORM_WINDOW, STORM_QUIET = 100, 10.0, 60.0
+"""More than ``STORM`` notifications within ``STORM_WINDOW`` seconds: stop listening for
+``STORM_QUIET`` seconds."""
+_MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
 
 
 def payload(schema: str, namespace: str) -> str:
@@ -66,7 +95,7 @@ class Watch:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, frozenset[str]], Mapping[str, datetime]], None],
+        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
     ) -> None:
         self._coordinator = coordinator
         self._dsn = dsn  # None: a pool the application passed, no LISTEN
@@ -75,16 +104,20 @@ class Watch:
         self._declared = declared
         self._apply = apply
         self._members = members
-        # the other live replicas: when their job lists last changed, and those lists
-        self._others: dict[str, tuple[datetime, frozenset[str]]] = {}
+        # the other live replicas: when their job lists last changed, and what they declare
+        self._others: dict[str, tuple[datetime, Member]] = {}
         self._payload = payload(coordinator.schema, coordinator.namespace)
         self._sent: Declared | None = None  # what the replicas row says this replica declares
+        self._fresh = True  # the first beat of this run: it restarts the row's started_at
         self._listener: asyncpg.Connection[Any] | None = None
         self._wake: anyio.CancelScope | None = None
         self._woken = False
+        self._soon: float | None = None  # a beat due before the regular one (monotonic)
+        self._heard: deque[float] = deque()  # when the last notifications came (monotonic)
+        self._quiet_until = -math.inf  # no LISTEN until then: a storm of notifications
 
     def poke(self) -> None:
-        """Beat now (a NOTIFY came, the listener was lost, or this replica steered a job)."""
+        """Beat now (the listener was lost, or this replica steered a job)."""
         self._woken = True
         if self._wake is not None:
             self._wake.cancel()
@@ -95,24 +128,32 @@ class Watch:
         try:
             while True:
                 self._woken = False
+                last = clock.monotonic()
                 await self._beat()
                 listening = await self._listen()
-                if self._woken:
+                if self._woken:  # at most one beat a MIN_GAP for what woke it
+                    await clock.sleep_until(last + MIN_GAP)
                     continue
+                due = last + (BEAT_SLOW if listening else BEAT_FAST)
+                if self._soon is not None:
+                    due = min(due, self._soon)
                 with anyio.CancelScope() as scope:
                     self._wake = scope
-                    await clock.sleep_until(
-                        clock.monotonic() + (BEAT_SLOW if listening else BEAT_FAST)
-                    )
+                    await clock.sleep_until(due)
                 self._wake = None
+                if self._woken:
+                    await clock.sleep_until(last + MIN_GAP)
         finally:
             with self._coordinator.shielded():
                 await self._leave()
 
     async def _beat(self) -> None:
         c = self._coordinator
-        if not c.ready:
-            return  # the ticks' reconnection brings it back
+        if not c.ready:  # the database was lost: try it now (with the ticks' backoff)
+            with contextlib.suppress(DatabaseUnavailable):
+                await c.reconnect()
+            if not c.ready:
+                return
         declared = self._declared()
         send = declared if declared != self._sent else None
         try:
@@ -124,21 +165,40 @@ class Watch:
                     None if send is None else send.enabled,
                     None if send is None else send.disabled,
                     LIVE,
+                    None if send is None else send.fingerprints,
+                    None if send is None else send.failing,
+                    PRUNE,
+                    self._fresh,
                 )
                 assert row is not None  # the statement returns one row
-                if send is not None:  # joined, or changed its jobs: the others look now
+                # changed its jobs, or its second beat made it live: the others look now
+                if send is not None or self._soon is not None:
                     await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
                 others = await self._view(conn, row["owners"] or [], row["declared"] or [])
         except Exception as exc:
-            if not c.classify(exc):
+            if getattr(exc, "sqlstate", None) in _MISSING:
+                await self._repair("a table was missing")
+            elif not c.classify(exc):
                 logger.warning("the replica's heartbeat failed", exc_info=True)
             return
+        if not row["whole"]:
+            await self._repair("a table was missing")
+        if row["inserted"] or self._fresh:  # joined: beat again soon, to be live for the others
+            self._soon = self._clock.monotonic() + CONFIRM
+        else:
+            self._soon = None
+        self._fresh = False
         if send is not None:
             self._sent = declared
         elif row["inserted"]:  # our row was gone: beat again now, with the job list
             self._sent, self._woken = None, True
         seen = dict(zip(row["owners"] or [], row["seen"] or [], strict=True))
-        self._members({self._owner: frozenset(declared.enabled), **others}, seen)
+        me = Member(
+            dict(zip(declared.enabled, declared.fingerprints, strict=False)),
+            frozenset(declared.failing),
+            row["started_at"],
+        )
+        self._members({self._owner: me, **others}, seen)
         self._apply(
             {
                 job_id: Control(paused_at, trigger_at)
@@ -148,23 +208,45 @@ class Watch:
             }
         )
 
+    async def _repair(self, why: str) -> None:
+        """Create ticklock's tables again (some were dropped), then beat again at once."""
+        c = self._coordinator
+        try:
+            async with c.connection() as conn:
+                done = await migrate(conn, c.schema)
+        except Exception as exc:
+            logger.warning("%s, and creating ticklock's tables again failed: %s", why, exc)
+            return
+        logger.warning(
+            "%s in schema %r (dropped while the fleet ran?): ticklock's tables were %s",
+            why,
+            c.schema,
+            "created again" if done != "current" else "found in place",
+        )
+        self._sent, self._woken = None, True
+
     async def _view(
         self, conn: asyncpg.Connection[Any], owners: list[str], declared: list[datetime]
-    ) -> dict[str, frozenset[str]]:
-        """The other live replicas' job lists: read again only those that changed."""
+    ) -> dict[str, Member]:
+        """The other live replicas' declarations: read again only those that changed."""
         known = self._others
         changed = [
             owner
             for owner, at in zip(owners, declared, strict=True)
-            if known.get(owner, (None,))[0] != at
+            if owner not in known or known[owner][0] != at
         ]
         if changed:
             c = self._coordinator
             for row in await conn.fetch(c.sql.declared, c.namespace, changed):
-                known[row["owner"]] = (row["declared_at"], frozenset(row["jobs"]))
+                member = Member(
+                    dict(zip(row["jobs"], row["fingerprints"], strict=False)),
+                    frozenset(row["failing"]),
+                    row["started_at"],
+                )
+                known[row["owner"]] = (row["declared_at"], member)
         live = set(owners)
         self._others = {owner: seen for owner, seen in known.items() if owner in live}
-        return {owner: jobs for owner, (_, jobs) in self._others.items()}
+        return {owner: member for owner, (_, member) in self._others.items()}
 
     async def _listen(self) -> bool:
         """Whether a LISTEN connection is up (opened here if it can be)."""
@@ -174,6 +256,8 @@ class Watch:
         c = self._coordinator
         if self._dsn is None or not c.ready or c.pooler.unnamed is not False:
             return False  # no DSN, or a pooler (which would not forward notifications)
+        if self._clock.monotonic() < self._quiet_until:
+            return False
         try:
             conn, _ = await connect(self._dsn, unnamed=False)
         except Exception as exc:
@@ -192,12 +276,33 @@ class Watch:
         return True
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        now = self._clock.monotonic()
+        heard = self._heard
+        heard.append(now)
+        while heard and heard[0] < now - STORM_WINDOW:
+            heard.popleft()
+        if len(heard) > STORM and self._listener is not None:
+            listener, self._listener = self._listener, None
+            self._quiet_until = now + STORM_QUIET
+            heard.clear()
+            logger.warning(
+                "more than %d notifications on channel %r within %g s: not listening for "
+                "%g s (beating every %g s meanwhile); something other than ticklock sends them",
+                STORM,
+                CHANNEL,
+                STORM_WINDOW,
+                STORM_QUIET,
+                BEAT_FAST,
+            )
+            listener.terminate()
+            return
         if payload == self._payload:
             self.poke()
 
     def _lost(self, conn: object) -> None:
-        self._listener = None
-        self.poke()
+        if conn is self._listener:
+            self._listener = None
+            self.poke()
 
     async def _leave(self) -> None:
         listener, self._listener = self._listener, None
