@@ -122,6 +122,32 @@ if SCENARIO == "web":
         return {"html": HOSTILE_REPORT}
 
 
+if SCENARIO == "faults":
+    # ``OPS_JOBS`` jobs ``j<i>``, every ``OPS_INTERVAL`` seconds with ``OPS_TIMEOUT``
+    for i in range(int(os.environ.get("OPS_JOBS", "10"))):
+        scheduler.add(
+            logged,
+            every(float(os.environ.get("OPS_INTERVAL", "2"))),
+            id=f"j{i}",
+            timeout=float(os.environ.get("OPS_TIMEOUT", "1.5")),
+            overdue_grace=60,
+        )
+
+if SCENARIO == "failing":
+    # a host without the job's secret (``OPS_FAIL`` set) fails every run of it
+
+    @scheduler.job(every(1), id="secret", timeout=0.5, retries=1, retry_backoff=0.2)
+    async def secret(ctx: JobContext) -> None:
+        if os.environ.get("OPS_FAIL"):
+            raise RuntimeError("the secret is missing on this host")
+        await log(ctx)
+
+
+if SCENARIO.startswith("declared-"):
+    # one job whose interval differs between releases: ``declared-1``, ``declared-0.5``
+    scheduler.add(logged, every(float(SCENARIO.split("-")[1])), id="j1", overdue_grace=60)
+
+
 def create_app() -> FastAPI:
     """The web replica: its lifespan runs the scheduler, its dashboard is at ``/ticklock``."""
     from fastapi import FastAPI

@@ -52,6 +52,9 @@ class JobRecord:
     paused_at: datetime | None
     trigger_at: datetime | None
     """The instant of a trigger request that no replica has served yet."""
+    declared_otherwise: tuple[str, ...] = ()
+    """The live replicas that declare the job otherwise (trigger, timeout, retries...) than
+    the replica started last, whose declaration rules; empty when they all agree."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,9 @@ class Replica:
     seen_at: datetime
     jobs: tuple[str, ...]
     """The ids of the jobs it declares (enabled or not)."""
+    failing: tuple[str, ...] = ()
+    """The jobs it gave up: its own runs of them kept failing while other replicas could
+    run them (it runs them only when no other replica does)."""
 
 
 class JobDeclared(Exception):

@@ -99,8 +99,11 @@ async def status(args: argparse.Namespace) -> int:
             f"{label(job.job_id):<{width}}  {state:<10}  {_when(job.last_success):<25}  "
             f"{job.last_outcome or '-':<12}  {job.consecutive_failures:>5}  "
             f"{_when(job.next_due):<25}  {job.last_owner or '-':<20}  "
-            f"{_one_line(job.last_error) if job.consecutive_failures else '-'}"
+            f"{_failed(job) if job.consecutive_failures else '-'}"
         )
+        if job.declared_otherwise:
+            shown = ", ".join(job.declared_otherwise)
+            print(f"{'':<{width}}  declared otherwise by {shown} (the replica started last rules)")
     print()
     if replicas:
         print(f"live replicas ({len(replicas)}):")
@@ -108,10 +111,17 @@ async def status(args: argparse.Namespace) -> int:
             print(
                 f"  {replica.owner}  up since {_when(replica.started_at)}, last seen "
                 f"{_when(replica.seen_at)}, {len(replica.jobs)} jobs"
+                + (f"; gave up: {', '.join(replica.failing)}" if replica.failing else "")
             )
     else:
         print("live replicas: none reported in the last minute")
     return EXIT_NOT_OK if alarm else EXIT_OK
+
+
+def _failed(job: JobRecord) -> str:
+    """The last error, and the replica whose run it was."""
+    where = f"on {job.last_owner}: " if job.last_owner else ""
+    return where + _one_line(job.last_error)
 
 
 def jobs_json(jobs: list[JobRecord]) -> list[dict[str, Any]]:
@@ -128,6 +138,7 @@ def jobs_json(jobs: list[JobRecord]) -> list[dict[str, Any]]:
             "last_owner": j.last_owner,
             "paused_at": j.paused_at,
             "trigger_at": j.trigger_at,
+            "declared_otherwise": list(j.declared_otherwise),
         }
         for j in jobs
     ]
@@ -140,6 +151,7 @@ def replica_json(replica: Replica) -> dict[str, Any]:
         "started_at": replica.started_at,
         "seen_at": replica.seen_at,
         "jobs": list(replica.jobs),
+        "failing": list(replica.failing),
     }
 
 

@@ -56,20 +56,33 @@ class PostgresFleet:
         self._payload = payload(schema, namespace)
         s = quote(schema)
         recent = f"seen_at > now() - make_interval(secs => {LIVE:g})"
-        live = f"SELECT jobs, disabled FROM {s}.replicas WHERE namespace = $1 AND {recent}"
+        live = (
+            "SELECT owner, started_at, jobs, disabled, fingerprints "
+            f"FROM {s}.replicas WHERE namespace = $1 AND {recent}"
+        )
+        # the declaration of the replica started last rules (as in ticklock._sharing)
         self._jobs = f"""
 WITH live AS ({live}), declared AS (
     SELECT job_id, bool_or(enabled) AS enabled FROM (
         SELECT unnest(jobs) AS job_id, true AS enabled FROM live
         UNION ALL SELECT unnest(disabled), false FROM live) AS d
     GROUP BY job_id
+), prints AS (
+    SELECT owner, started_at, unnest(jobs) AS job_id, unnest(fingerprints) AS fp FROM live
+), ruling AS (
+    SELECT DISTINCT ON (job_id) job_id, fp FROM prints
+    ORDER BY job_id, started_at DESC, owner DESC, fp DESC
+), otherwise AS (
+    SELECT p.job_id, array_agg(p.owner ORDER BY p.owner) AS owners
+    FROM prints AS p JOIN ruling AS r USING (job_id) WHERE p.fp <> r.fp GROUP BY p.job_id
 )
 SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     coalesce(j.consecutive_failures, 0) AS consecutive_failures, j.last_error, j.last_owner,
     j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue,
     coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
         AS future,
-    EXISTS (SELECT FROM live) AS fleet, d.enabled
+    EXISTS (SELECT FROM live) AS fleet, d.enabled,
+    (SELECT owners FROM otherwise AS o WHERE o.job_id = job_id) AS otherwise
 FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
 ORDER BY job_id"""
         self._history = (
@@ -80,7 +93,8 @@ ORDER BY job_id"""
         self._namespaces = f"SELECT DISTINCT namespace FROM {s}.jobs ORDER BY namespace"
         self._exists = f"SELECT EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2)"
         self._replicas = (
-            f"SELECT owner, started_at, seen_at, jobs || disabled AS jobs FROM {s}.replicas "
+            "SELECT owner, started_at, seen_at, jobs || disabled AS jobs, failing "
+            f"FROM {s}.replicas "
             f"WHERE namespace = $1 AND {recent} ORDER BY owner"
         )
         notify = "SELECT pg_notify($3, $4)::text FROM u"  # one row if the job exists
@@ -127,6 +141,7 @@ ORDER BY job_id"""
                 last_owner=row["last_owner"],
                 paused_at=row["paused_at"],
                 trigger_at=row["trigger_at"],
+                declared_otherwise=tuple(row["otherwise"] or ()),
             )
             for row in rows
         ]
@@ -163,7 +178,13 @@ ORDER BY job_id"""
         async with self._acquire() as conn:
             rows = await conn.fetch(self._replicas, self.namespace)
         return [
-            Replica(row["owner"], row["started_at"], row["seen_at"], tuple(row["jobs"]))
+            Replica(
+                row["owner"],
+                row["started_at"],
+                row["seen_at"],
+                tuple(row["jobs"]),
+                tuple(row["failing"]),
+            )
             for row in rows
         ]
 
