@@ -296,28 +296,33 @@ BAD = [
     ("1,,2 * * * *", r"^cron minute field: empty list element in '1,,2'$"),
     ("@reboot", r"^cron expression '@reboot': unknown alias"),
     ("0 0 30 2 *", r"^cron expression '0 0 30 2 \*' never fires$"),
-    # int() reads any Unicode digit: only 0-9 are cron numbers
+    # only printable ASCII, spaces and tabs: int() reads any Unicode digit, and str.split()
+    # takes any Unicode space (or a newline) for a separator
     (
-        "\u00b2 * * * *",
-        r"^cron minute field: '\u00b2' has non-ASCII digits; write numbers with 0-9$",
+        "1\xa0* * * *",
+        r"^cron expression '1\\xa0\* \* \* \*': character U\+00A0 NO-BREAK SPACE "
+        r"at index 1 is not allowed; write the fields in ASCII, separated by spaces or tabs$",
     ),
-    (
-        "\uff11 * * * *",
-        r"^cron minute field: '\uff11' has non-ASCII digits; write numbers with 0-9$",
-    ),
-    ("* \u0663 * * *", r"^cron hour field: '\u0663' has non-ASCII digits; write numbers with 0-9$"),
-    (
-        "*/\u0663 * * * *",
-        r"^cron minute field: '\u0663' has non-ASCII digits; write numbers with 0-9$",
-    ),
-    (
-        "* * 1-\uff13 * *",
-        r"^cron day-of-month field: '\uff13' has non-ASCII digits; write numbers with 0-9$",
-    ),
+    ("\u00b2 * * * *", r"^cron expression .*: character U\+00B2 SUPERSCRIPT TWO at index 0 "),
+    ("\uff11 * * * *", r": character U\+FF11 FULLWIDTH DIGIT ONE at index 0 "),
+    ("* \u0663 * * *", r": character U\+0663 ARABIC-INDIC DIGIT THREE at index 2 "),
+    ("*/\u0663 * * * *", r": character U\+0663 ARABIC-INDIC DIGIT THREE at index 2 "),
+    ("* * 1-\uff13 * *", r": character U\+FF13 FULLWIDTH DIGIT THREE at index 6 "),
+    ("0\u2003* * * *", r": character U\+2003 EM SPACE at index 1 "),
+    ("0\u3000* * * *", r": character U\+3000 IDEOGRAPHIC SPACE at index 1 "),
+    ("0\u200b* * * *", r": character U\+200B ZERO WIDTH SPACE at index 1 "),
+    ("0 * * * *\n", r": character U\+000A at index 9 "),
+    ("0\n* * * *", r": character U\+000A at index 1 "),
+    ("0\r* * * *", r": character U\+000D at index 1 "),
+    ("0\v* * * *", r": character U\+000B at index 1 "),
+    ("0\f* * * *", r": character U\+000C at index 1 "),
+    ("0\x1c* * * *", r": character U\+001C at index 1 "),
+    ("0 * * * *\x00", r": character U\+0000 at index 9 "),
+    ("@daily\xa0", r": character U\+00A0 NO-BREAK SPACE at index 6 "),
 ]
 
 
-@pytest.mark.parametrize(("expr", "message"), BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize(("expr", "message"), BAD, ids=[ascii(b[0]) for b in BAD])
 def test_bad_expressions_are_refused_at_declaration(expr: str, message: str) -> None:
     with pytest.raises(ScheduleError, match=message) as info:
         cron(expr)
@@ -360,6 +365,22 @@ def test_next_fire_works_up_to_the_end_of_the_calendar_and_from_its_start() -> N
     start = datetime.min.replace(tzinfo=UTC)
     assert cron("*/5 * * * *").next_fire(start) == datetime(1, 1, 1, 0, 5, tzinfo=UTC)
     assert cron("0 0 1 1 *").next_fire(start) == datetime(2, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("expr", "same_as"),
+    [
+        ("0\t3 * * *", "0 3 * * *"),
+        ("\t0 3 * * *\t", "0 3 * * *"),
+        (" 0  3\t\t* * * ", "0 3 * * *"),
+        ("0 3 *\t*\t*", "0 3 * * *"),
+        ("@daily\t", "0 0 * * *"),
+        (" \t@daily", "0 0 * * *"),
+    ],
+    ids=ascii,
+)
+def test_spaces_and_tabs_separate_fields(expr: str, same_as: str) -> None:
+    assert cron(expr).spec == cron(same_as).spec
 
 
 def test_unknown_zone() -> None:
