@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import pickle
+import re
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timedelta, timezone
+from importlib import resources
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -383,9 +392,59 @@ def test_spaces_and_tabs_separate_fields(expr: str, same_as: str) -> None:
     assert cron(expr).spec == cron(same_as).spec
 
 
-def test_unknown_zone() -> None:
-    with pytest.raises(ScheduleError, match=r"^cron\(\): tz 'Mars/Olympus' is not a known IANA"):
-        cron("* * * * *", tz="Mars/Olympus")
+@pytest.mark.parametrize(
+    "tz", ["Mars/Olympus", "europe/berlin", "Europe", "../../etc/passwd", "Europe/__init__.py"]
+)
+def test_unknown_zone(tz: str) -> None:
+    message = (
+        rf"^cron\(\): tz '{re.escape(tz)}' is not a known IANA zone \(e.g. 'Europe/Berlin', "
+        r"'UTC'\); ticklock reads zones from tzdata 20\d\d[a-z]$"
+    )
+    with pytest.raises(ScheduleError, match=message) as info:
+        cron("* * * * *", tz=tz)
+    assert info.value.field == "tz"
+
+
+def test_zones_come_from_the_tzdata_package_not_the_system(tmp_path: Path) -> None:
+    # A system database that disagrees with tzdata: "Europe/Berlin" holds Tokyo's rules, and
+    # a zone tzdata does not ship exists. A fresh process reads it as its TZPATH.
+    tokyo = resources.files("tzdata.zoneinfo").joinpath("Asia", "Tokyo").read_bytes()
+    (tmp_path / "Europe").mkdir()
+    (tmp_path / "Europe" / "Berlin").write_bytes(tokyo)
+    (tmp_path / "Mars").mkdir()
+    (tmp_path / "Mars" / "Olympus").write_bytes(tokyo)
+    script = textwrap.dedent(
+        """
+        from datetime import datetime, timezone
+        from zoneinfo import ZoneInfo
+        from ticklock import ScheduleError, cron
+
+        june = datetime(2026, 6, 1, tzinfo=timezone.utc)
+        # the fake database is the one zoneinfo reads: Berlin at UTC+9, Mars exists
+        print(june.astimezone(ZoneInfo("Europe/Berlin")).utcoffset(), ZoneInfo("Mars/Olympus"))
+        print(cron("0 12 * * *", tz="Europe/Berlin").next_fire(june).isoformat())
+        try:
+            cron("0 12 * * *", tz="Mars/Olympus")
+        except ScheduleError as exc:
+            print(exc.field, exc)
+        """
+    )
+    env = {**os.environ, "PYTHONTZPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    control, berlin, mars = done.stdout.splitlines()
+    assert control == "9:00:00 Mars/Olympus"
+    assert berlin == "2026-06-01T10:00:00+00:00"  # 12:00 CEST, as tzdata has it
+    assert mars.startswith("tz cron(): tz 'Mars/Olympus' is not a known IANA zone "), mars
+
+
+def test_a_cron_pickles_and_copies_by_its_declaration() -> None:
+    trigger = cron("17 3 * * *", tz="Europe/Berlin", jitter=5)
+    for again in (pickle.loads(pickle.dumps(trigger)), copy.deepcopy(trigger)):
+        assert again == trigger
+        assert again.zone is trigger.zone  # one shared zone per name
+        assert again.next_fire(z("2026-06-01T00:00Z")) == z("2026-06-01T01:17Z")
 
 
 def test_cron_jitter_must_be_smaller_than_the_shortest_gap() -> None:
@@ -463,9 +522,9 @@ def test_next_fire_matches_brute_force(
     expr = f"{minute} {hour} {dom} * {dow}"
     points = TRANSITIONS[zone_name]
     after = z(points[which % len(points)]) + timedelta(minutes=offset, seconds=seconds)
-    zone = ZoneInfo(zone_name)
-    expected = brute_next(expr, zone, after, timedelta(days=3))
-    got = cron(expr, tz=zone_name).next_fire(after)
+    trigger = cron(expr, tz=zone_name)
+    expected = brute_next(expr, trigger.zone, after, timedelta(days=3))
+    got = trigger.next_fire(after)
     if expected is None:
         assert got is None or got > after + timedelta(days=3)
     else:
