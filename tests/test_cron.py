@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import os
+import pickle
+import re
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timedelta, timezone
+from importlib import resources
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -296,28 +305,33 @@ BAD = [
     ("1,,2 * * * *", r"^cron minute field: empty list element in '1,,2'$"),
     ("@reboot", r"^cron expression '@reboot': unknown alias"),
     ("0 0 30 2 *", r"^cron expression '0 0 30 2 \*' never fires$"),
-    # int() reads any Unicode digit: only 0-9 are cron numbers
+    # only printable ASCII, spaces and tabs: int() reads any Unicode digit, and str.split()
+    # takes any Unicode space (or a newline) for a separator
     (
-        "\u00b2 * * * *",
-        r"^cron minute field: '\u00b2' has non-ASCII digits; write numbers with 0-9$",
+        "1\xa0* * * *",
+        r"^cron expression '1\\xa0\* \* \* \*': character U\+00A0 NO-BREAK SPACE "
+        r"at index 1 is not allowed; write the fields in ASCII, separated by spaces or tabs$",
     ),
-    (
-        "\uff11 * * * *",
-        r"^cron minute field: '\uff11' has non-ASCII digits; write numbers with 0-9$",
-    ),
-    ("* \u0663 * * *", r"^cron hour field: '\u0663' has non-ASCII digits; write numbers with 0-9$"),
-    (
-        "*/\u0663 * * * *",
-        r"^cron minute field: '\u0663' has non-ASCII digits; write numbers with 0-9$",
-    ),
-    (
-        "* * 1-\uff13 * *",
-        r"^cron day-of-month field: '\uff13' has non-ASCII digits; write numbers with 0-9$",
-    ),
+    ("\u00b2 * * * *", r"^cron expression .*: character U\+00B2 SUPERSCRIPT TWO at index 0 "),
+    ("\uff11 * * * *", r": character U\+FF11 FULLWIDTH DIGIT ONE at index 0 "),
+    ("* \u0663 * * *", r": character U\+0663 ARABIC-INDIC DIGIT THREE at index 2 "),
+    ("*/\u0663 * * * *", r": character U\+0663 ARABIC-INDIC DIGIT THREE at index 2 "),
+    ("* * 1-\uff13 * *", r": character U\+FF13 FULLWIDTH DIGIT THREE at index 6 "),
+    ("0\u2003* * * *", r": character U\+2003 EM SPACE at index 1 "),
+    ("0\u3000* * * *", r": character U\+3000 IDEOGRAPHIC SPACE at index 1 "),
+    ("0\u200b* * * *", r": character U\+200B ZERO WIDTH SPACE at index 1 "),
+    ("0 * * * *\n", r": character U\+000A at index 9 "),
+    ("0\n* * * *", r": character U\+000A at index 1 "),
+    ("0\r* * * *", r": character U\+000D at index 1 "),
+    ("0\v* * * *", r": character U\+000B at index 1 "),
+    ("0\f* * * *", r": character U\+000C at index 1 "),
+    ("0\x1c* * * *", r": character U\+001C at index 1 "),
+    ("0 * * * *\x00", r": character U\+0000 at index 9 "),
+    ("@daily\xa0", r": character U\+00A0 NO-BREAK SPACE at index 6 "),
 ]
 
 
-@pytest.mark.parametrize(("expr", "message"), BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize(("expr", "message"), BAD, ids=[ascii(b[0]) for b in BAD])
 def test_bad_expressions_are_refused_at_declaration(expr: str, message: str) -> None:
     with pytest.raises(ScheduleError, match=message) as info:
         cron(expr)
@@ -362,9 +376,75 @@ def test_next_fire_works_up_to_the_end_of_the_calendar_and_from_its_start() -> N
     assert cron("0 0 1 1 *").next_fire(start) == datetime(2, 1, 1, tzinfo=UTC)
 
 
-def test_unknown_zone() -> None:
-    with pytest.raises(ScheduleError, match=r"^cron\(\): tz 'Mars/Olympus' is not a known IANA"):
-        cron("* * * * *", tz="Mars/Olympus")
+@pytest.mark.parametrize(
+    ("expr", "same_as"),
+    [
+        ("0\t3 * * *", "0 3 * * *"),
+        ("\t0 3 * * *\t", "0 3 * * *"),
+        (" 0  3\t\t* * * ", "0 3 * * *"),
+        ("0 3 *\t*\t*", "0 3 * * *"),
+        ("@daily\t", "0 0 * * *"),
+        (" \t@daily", "0 0 * * *"),
+    ],
+    ids=ascii,
+)
+def test_spaces_and_tabs_separate_fields(expr: str, same_as: str) -> None:
+    assert cron(expr).spec == cron(same_as).spec
+
+
+@pytest.mark.parametrize(
+    "tz", ["Mars/Olympus", "europe/berlin", "Europe", "../../etc/passwd", "Europe/__init__.py"]
+)
+def test_unknown_zone(tz: str) -> None:
+    message = (
+        rf"^cron\(\): tz '{re.escape(tz)}' is not a known IANA zone \(e.g. 'Europe/Berlin', "
+        r"'UTC'\); ticklock reads zones from tzdata 20\d\d[a-z]$"
+    )
+    with pytest.raises(ScheduleError, match=message) as info:
+        cron("* * * * *", tz=tz)
+    assert info.value.field == "tz"
+
+
+def test_zones_come_from_the_tzdata_package_not_the_system(tmp_path: Path) -> None:
+    # A system database that disagrees with tzdata: "Europe/Berlin" holds Tokyo's rules, and
+    # a zone tzdata does not ship exists. A fresh process reads it as its TZPATH.
+    tokyo = resources.files("tzdata.zoneinfo").joinpath("Asia", "Tokyo").read_bytes()
+    (tmp_path / "Europe").mkdir()
+    (tmp_path / "Europe" / "Berlin").write_bytes(tokyo)
+    (tmp_path / "Mars").mkdir()
+    (tmp_path / "Mars" / "Olympus").write_bytes(tokyo)
+    script = textwrap.dedent(
+        """
+        from datetime import datetime, timezone
+        from zoneinfo import ZoneInfo
+        from ticklock import ScheduleError, cron
+
+        june = datetime(2026, 6, 1, tzinfo=timezone.utc)
+        # the fake database is the one zoneinfo reads: Berlin at UTC+9, Mars exists
+        print(june.astimezone(ZoneInfo("Europe/Berlin")).utcoffset(), ZoneInfo("Mars/Olympus"))
+        print(cron("0 12 * * *", tz="Europe/Berlin").next_fire(june).isoformat())
+        try:
+            cron("0 12 * * *", tz="Mars/Olympus")
+        except ScheduleError as exc:
+            print(exc.field, exc)
+        """
+    )
+    env = {**os.environ, "PYTHONTZPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    control, berlin, mars = done.stdout.splitlines()
+    assert control == "9:00:00 Mars/Olympus"
+    assert berlin == "2026-06-01T10:00:00+00:00"  # 12:00 CEST, as tzdata has it
+    assert mars.startswith("tz cron(): tz 'Mars/Olympus' is not a known IANA zone "), mars
+
+
+def test_a_cron_pickles_and_copies_by_its_declaration() -> None:
+    trigger = cron("17 3 * * *", tz="Europe/Berlin", jitter=5)
+    for again in (pickle.loads(pickle.dumps(trigger)), copy.deepcopy(trigger)):
+        assert again == trigger
+        assert again.zone is trigger.zone  # one shared zone per name
+        assert again.next_fire(z("2026-06-01T00:00Z")) == z("2026-06-01T01:17Z")
 
 
 def test_cron_jitter_must_be_smaller_than_the_shortest_gap() -> None:
@@ -442,9 +522,9 @@ def test_next_fire_matches_brute_force(
     expr = f"{minute} {hour} {dom} * {dow}"
     points = TRANSITIONS[zone_name]
     after = z(points[which % len(points)]) + timedelta(minutes=offset, seconds=seconds)
-    zone = ZoneInfo(zone_name)
-    expected = brute_next(expr, zone, after, timedelta(days=3))
-    got = cron(expr, tz=zone_name).next_fire(after)
+    trigger = cron(expr, tz=zone_name)
+    expected = brute_next(expr, trigger.zone, after, timedelta(days=3))
+    got = trigger.next_fire(after)
     if expected is None:
         assert got is None or got > after + timedelta(days=3)
     else:

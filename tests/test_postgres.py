@@ -93,12 +93,12 @@ async def test_success_commits_writes_watermark_and_record_together(
     assert report is not None and '"st"' in report
 
 
-async def test_a_handler_that_ends_the_tick_transaction_gets_an_error_not_a_success(
+async def test_a_handler_that_commits_the_tick_transaction_gets_a_failure_and_commits_nothing(
     pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
 ) -> None:
-    # A COMMIT through ctx.conn ends the tick's transaction and releases the job's lock with
-    # it: what the handler writes after that is not guarded. That run used to commit its
-    # watermark in autocommit and report a success.
+    # A COMMIT through ctx.conn would end the tick's transaction and release the job's lock
+    # with it, leaving what the handler writes after it unguarded: it is refused before it
+    # reaches the server, and the run rolls back as any failure does.
     scheduler = Scheduler(pg_dsn, schema=pg_schema)
 
     @scheduler.job(every(3600, initial_delay=3000), id="committer")
@@ -110,8 +110,10 @@ async def test_a_handler_that_ends_the_tick_transaction_gets_an_error_not_a_succ
 
     async with scheduler:
         result = await scheduler.run_now("committer")
-    assert result.outcome is Outcome.ERROR
-    assert result.error is not None and "ended the tick's transaction" in result.error
+    assert result.outcome is Outcome.FAILURE
+    assert result.error is not None
+    assert result.error.startswith("StatementRefused: ctx.conn.execute(): 'COMMIT' would end ")
+    assert await pg_conn.fetchval(f"SELECT count(*) FROM {table}") == 0
     watermark = await pg_conn.fetchval(
         f"SELECT last_slot FROM {pg_schema}.jobs WHERE job_id = 'committer'"
     )

@@ -3,14 +3,20 @@ behind, how it may end the transaction, and what a replica with a lying clock ma
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 import anyio
+import asyncpg
 import pytest
 
-from ticklock import JobContext, Outcome, Scheduler, SystemClock, every
+from test_statements import ALLOWED, REFUSED
+from ticklock import JobContext, Outcome, Scheduler, SystemClock, every, lock_key
+from ticklock._postgres.statements import transaction_control
 from ticklock.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -209,11 +215,13 @@ async def test_a_role_set_in_a_tick_does_not_outlive_it(
 
 
 @pytest.mark.parametrize("ending", ["COMMIT AND CHAIN", "COMMIT; BEGIN", "ROLLBACK; BEGIN"])
-async def test_a_handler_that_ends_the_transaction_and_begins_another_is_an_error(
+async def test_a_handler_that_ends_the_transaction_around_the_lease_is_still_an_error(
     pg_dsn: str, pg_schema: str, pg_conn: Any, table: str, ending: str
 ) -> None:
-    # Between the two transactions the job's lock is free: another replica runs the job at
-    # the same time. The first must not report a success for what it did unguarded.
+    # The lease refuses such statements (below); a handler that reaches past it to the raw
+    # connection frees the job's lock between the two transactions, and another replica runs
+    # the job at the same time. The commit's own check keeps the first from reporting a
+    # success for what it did unguarded.
     a = Scheduler(pg_dsn, schema=pg_schema, owner="a")
     b = Scheduler(pg_dsn, schema=pg_schema, owner="b")
     unlocked, b_done = anyio.Event(), anyio.Event()
@@ -221,7 +229,7 @@ async def test_a_handler_that_ends_the_transaction_and_begins_another_is_an_erro
     async def sneaky(ctx: JobContext) -> None:
         assert ctx.conn is not None
         if ctx.owner == "a":
-            await ctx.conn.execute(ending)
+            await cast(Any, ctx.conn)._con.execute(ending)  # around the lease
             unlocked.set()
             await b_done.wait()
         await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, $2)", ctx.slot, ctx.owner)
@@ -245,6 +253,206 @@ async def test_a_handler_that_ends_the_transaction_and_begins_another_is_an_erro
         f"SELECT owner FROM {pg_schema}.runs WHERE job_id = 'sneaky' AND outcome = 'success'"
     )
     assert [r["owner"] for r in owners] == ["b"]
+
+
+async def _scs_off_then_commit(conn: Any) -> None:
+    # With standard_conforming_strings off, \' is a quote: the COMMIT is a statement of its
+    # own, which a reading with the setting on would take for part of a string.
+    await conn.execute("SET LOCAL standard_conforming_strings = off")
+    await conn.execute("SELECT 'a\\''; COMMIT AND CHAIN; SELECT 'b'")
+
+
+async def _copy_out(conn: Any, query: str) -> None:
+    await conn.copy_from_query(query, output=io.BytesIO())
+
+
+ENDINGS = [
+    pytest.param(
+        lambda c: c.execute("COMMIT AND CHAIN"),
+        "execute(): 'COMMIT AND CHAIN'",
+        id="commit_and_chain",
+    ),
+    pytest.param(lambda c: c.execute("COMMIT; BEGIN"), "execute(): 'COMMIT'", id="commit_begin"),
+    pytest.param(
+        lambda c: c.execute("SELECT 1; ROLLBACK; BEGIN"),
+        "execute(): 'ROLLBACK'",
+        id="rollback_begin",
+    ),
+    pytest.param(lambda c: c.execute("/* done */ end"), "execute(): 'end'", id="end"),
+    pytest.param(lambda c: c.execute("ABORT"), "execute(): 'ABORT'", id="abort"),
+    pytest.param(
+        lambda c: c.execute("PREPARE TRANSACTION 'x'"),
+        "execute(): \"PREPARE TRANSACTION 'x'\"",
+        id="prepare_transaction",
+    ),
+    pytest.param(
+        lambda c: c.execute("SET TRANSACTION READ ONLY"),
+        "execute(): 'SET TRANSACTION READ ONLY'",
+        id="set_transaction",
+    ),
+    pytest.param(lambda c: c.fetch("COMMIT"), "fetch(): 'COMMIT'", id="fetch"),
+    pytest.param(
+        lambda c: c.fetchval(query="COMMIT"), "fetchval(): 'COMMIT'", id="fetchval_keyword"
+    ),
+    pytest.param(
+        lambda c: c.executemany("COMMIT", [()]), "executemany(): 'COMMIT'", id="executemany"
+    ),
+    pytest.param(lambda c: c.prepare("COMMIT"), "prepare(): 'COMMIT'", id="prepare"),
+    pytest.param(lambda c: c.cursor("COMMIT").fetch(1), "cursor(): 'COMMIT'", id="cursor"),
+    pytest.param(
+        lambda c: _copy_out(c, "SELECT 1) TO STDOUT; COMMIT; COPY (SELECT 1"),
+        "copy_from_query(): 'COMMIT'",
+        id="copy_from_query",
+    ),
+    pytest.param(_scs_off_then_commit, "execute(): 'COMMIT AND CHAIN'", id="backslash_quote"),
+    pytest.param(lambda c: c.close(), "close() would end", id="close"),
+    pytest.param(lambda c: c.terminate(), "terminate() would end", id="terminate"),
+    pytest.param(lambda c: c.reset(), "reset() would end", id="reset"),
+]
+
+
+@pytest.mark.parametrize(("ending", "named"), ENDINGS)
+async def test_a_statement_that_would_end_the_transaction_is_refused_and_the_lock_kept(
+    pg_dsn: str,
+    pg_schema: str,
+    pg_conn: Any,
+    table: str,
+    ending: Callable[[Any], Any],
+    named: str,
+) -> None:
+    a = Scheduler(pg_dsn, schema=pg_schema, owner="a")
+    b = Scheduler(pg_dsn, schema=pg_schema, owner="b")
+    refused, checked = anyio.Event(), anyio.Event()
+
+    async def ender(ctx: JobContext) -> None:
+        await ctx.db.execute(f"INSERT INTO {table} VALUES ($1, $2)", ctx.slot, ctx.owner)
+        if ctx.owner == "a":
+            try:
+                await ending(ctx.db)
+            finally:  # the handler goes on running: the lock must still be its own
+                refused.set()
+                await checked.wait()
+
+    for scheduler in (a, b):
+        scheduler.add(ender, rare(), id="ender")
+    results: dict[str, Any] = {}
+    async with a, b, anyio.create_task_group() as tg:
+
+        async def run_a() -> None:
+            results["a"] = await a.run_now("ender")
+
+        tg.start_soon(run_a)
+        await refused.wait()
+        try:
+            assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 0  # nothing committed
+            taken = await pg_conn.fetchval(
+                "SELECT pg_try_advisory_xact_lock($1)", lock_key("default", "ender")
+            )
+            assert taken is False
+            assert (await b.run_now("ender")).outcome is Outcome.LOCKED
+        finally:
+            checked.set()
+    result = results["a"]
+    assert result.outcome is Outcome.FAILURE
+    assert result.error.startswith(f"StatementRefused: ctx.conn.{named}"), result.error
+    assert await count(pg_conn, f"SELECT count(*) FROM {table}") == 0
+    assert (
+        await count(
+            pg_conn,
+            f"SELECT count(*) FROM {pg_schema}.runs WHERE job_id = 'ender' AND outcome = 'success'",
+        )
+        == 0
+    )
+
+
+async def test_savepoints_and_keywords_in_strings_reach_the_server(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(rare(), id="careful")
+    async def careful(ctx: JobContext) -> None:
+        await ctx.db.execute(
+            "SAVEPOINT s; "
+            f"INSERT INTO {table} VALUES (now(), 'undone'); "
+            "ROLLBACK TO SAVEPOINT s; RELEASE SAVEPOINT s; "
+            f"INSERT INTO {table} VALUES (now(), 'COMMIT; -- kept'); "
+            f"INSERT INTO {table} VALUES (now(), $$ROLLBACK; BEGIN$$) /* ; END */"
+        )
+        await ctx.db.fetchval("SELECT $1::text", "END")
+
+    async with scheduler:
+        result = await scheduler.run_now("careful")
+    assert result.outcome is Outcome.SUCCESS, result.error
+    notes = await pg_conn.fetch(f"SELECT note FROM {table} ORDER BY note")
+    assert [r["note"] for r in notes] == ["COMMIT; -- kept", "ROLLBACK; BEGIN"]
+
+
+# -- the classifier against the server: what it refuses ends the transaction, what it allows
+# keeps it (texts from test_statements.py) ---------------------------------------------------
+
+# refused on purpose though the server keeps the transaction (or refuses the text itself)
+_REFUSED_KEEPING = {
+    "begin",  # a warning inside a transaction block, and what follows thinks it is alone
+    "begin_isolation",
+    "start_transaction",
+    "set_transaction",  # READ ONLY would make ticklock's own commit fail
+    "set_local_transaction",
+    "set_session_transaction",
+    "commit_prepared",  # the server refuses it inside a transaction block
+    "rollback_prepared",
+    "begin_atomic_body",  # read as an END of its own
+    "semicolon_in_parentheses",  # a syntax error for the server
+}
+
+
+_NO_STATEMENT = {"empty", "only_comments"}
+
+
+async def ends_on_server(dsn: str, sql: str, setup: str | None = None) -> bool:
+    """Whether ``sql``, sent in an open transaction, ends that transaction on the server."""
+    con = await asyncpg.connect(dsn)
+    try:
+        if setup:
+            await con.execute(setup)
+        await con.execute("BEGIN")
+        before = await con.fetchval("SELECT pg_current_xact_id()::text")
+        with contextlib.suppress(asyncpg.PostgresError):
+            await con.execute(sql)
+        if not con.is_in_transaction():
+            return True
+        try:
+            return bool(await con.fetchval("SELECT pg_current_xact_id()::text") != before)
+        except asyncpg.InFailedSQLTransactionError:
+            return False  # the text failed: the same transaction, aborted, lock kept
+    finally:
+        await con.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "refused"),
+    [pytest.param(sql, True, id=name) for name, sql, _ in REFUSED if name not in _REFUSED_KEEPING]
+    # asyncpg cannot send a text without a statement ("empty", "only_comments")
+    + [pytest.param(sql, False, id=name) for name, sql in ALLOWED if name not in _NO_STATEMENT],
+)
+async def test_the_classifier_reads_a_text_as_the_server_does(
+    pg_dsn: str, sql: str, refused: bool
+) -> None:
+    assert (transaction_control(sql) is not None) is refused
+    assert await ends_on_server(pg_dsn, sql) is refused
+
+
+@pytest.mark.parametrize(
+    ("sql", "refused"),
+    [("SELECT 'a\\'; COMMIT; --'", False), ("SELECT 'a\\''; COMMIT; SELECT 'b'", True)],
+    ids=["hidden", "shown"],
+)
+async def test_with_standard_conforming_strings_off_too(
+    pg_dsn: str, sql: str, refused: bool
+) -> None:
+    assert (transaction_control(sql, standard_strings=False) is not None) is refused
+    setup = "SET standard_conforming_strings = off"
+    assert await ends_on_server(pg_dsn, sql, setup) is refused
 
 
 @pytest.mark.parametrize(

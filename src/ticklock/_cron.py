@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -42,24 +44,42 @@ _MINUTE = timedelta(minutes=1)
 _LAST_MINUTE = datetime(9999, 12, 31, 23, 59)  # the last wall time a datetime holds
 # A schedule that finds no fire in a full 28-year calendar cycle never fires.
 _HORIZON_YEARS = 29
+# Fields are printable ASCII, separated by spaces or tabs (as in a crontab line). Anything
+# else is refused rather than read: str.split() would take a no-break space, a newline or
+# another Unicode space for a separator, and an expression that looks like one schedule
+# would be read as another.
+_REFUSED_CHARACTER = re.compile(r"[^\x21-\x7e \t]")
 
 
 def _field_error(field: str, problem: str) -> ScheduleError:
     return ScheduleError(f"cron {field} field: {problem}", field="expr")
 
 
-def _is_number(token: str, field: str) -> bool:
-    """Whether ``token`` is ASCII digits; other digits (``²``, ``１``) are refused, not read."""
-    if token.isdigit() and not token.isascii():
-        raise _field_error(field, f"{token!r} has non-ASCII digits; write numbers with 0-9")
-    return token.isdigit()
+def _check_characters(expr: str) -> None:
+    """Refuse any character other than printable ASCII, spaces and tabs, naming it."""
+    refused = _REFUSED_CHARACTER.search(expr)
+    if refused is None:
+        return
+    char = refused.group()
+    name = unicodedata.name(char, "")
+    shown = f"U+{ord(char):04X}" + (f" {name}" if name else "")
+    raise ScheduleError(
+        f"cron expression {expr!r}: character {shown} at index {refused.start()} is not "
+        "allowed; write the fields in ASCII, separated by spaces or tabs",
+        field="expr",
+    )
+
+
+def _is_number(token: str) -> bool:
+    """Whether ``token`` is ASCII digits (``int()`` would also read ``²`` or ``１``)."""
+    return token.isascii() and token.isdigit()
 
 
 def _value(token: str, field: str, low: int, high: int, names: tuple[str, ...]) -> int:
     lowered = token.lower()
     if names and lowered in names:
         return names.index(lowered) + (1 if field == "month" else 0)
-    if not _is_number(token, field):
+    if not _is_number(token):
         extra = f" or a name ({', '.join(names)})" if names else ""
         raise _field_error(field, f"{token!r} is not a number{extra}")
     number = int(token)
@@ -76,7 +96,7 @@ def _parse_field(text: str, field: str, low: int, high: int, names: tuple[str, .
         base, slash, step_text = part.partition("/")
         step = 1
         if slash:
-            if not _is_number(step_text, field) or int(step_text) == 0:
+            if not _is_number(step_text) or int(step_text) == 0:
                 raise _field_error(field, f"step {step_text!r} must be a positive number")
             step = int(step_text)
         if base == "*":
@@ -116,7 +136,8 @@ class CronSpec:
         """Parse ``expr`` (five fields or an ``@`` alias), raising :class:`ScheduleError`."""
         if not isinstance(expr, str):
             raise ScheduleError(f"cron expression must be a string, got {expr!r}", field="expr")
-        text = expr.strip()
+        _check_characters(expr)
+        text = expr.strip(" \t")
         if text.startswith("@"):
             if text.lower() not in _ALIASES:
                 raise ScheduleError(

@@ -7,6 +7,8 @@ Hierarchy::
     RuntimeError
     ├── SchedulerStateError   a scheduler used out of order (entered twice, run_now before
     │                         start), or ``ctx.db`` in local mode
+    ├── StatementRefused      a statement through ``ctx.db`` that would end or change the
+    │                         tick's transaction, refused before it reached the server
     ├── StartupError          the database refused the scheduler in a way that cannot fix itself
     ├── SlotAlreadyCommitted  a commit refused: the watermark is at or past the slot
     ├── TransactionEnded      a commit refused: the handler ended the tick's transaction
@@ -16,6 +18,8 @@ Hierarchy::
     └── DatabaseUnavailable   the database does not answer
 
 The last five end a run as ``error`` (with their message); they are not exported.
+``StatementRefused`` is raised inside the handler, so its run is a ``failure``; it is not
+exported either.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ class ScheduleError(ValueError):
 
 class SchedulerStateError(RuntimeError):
     """The scheduler was used in a state that does not allow it (for example entered twice)."""
+
+
+class StatementRefused(RuntimeError):
+    """The handler sent, through ``ctx.db``, a statement that would end or change the tick's
+    transaction (``COMMIT``, ``ROLLBACK``, ``BEGIN``, ...): it was not sent, and the
+    transaction, its lock and its writes are as they were."""
 
 
 class StartupError(RuntimeError):

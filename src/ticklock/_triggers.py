@@ -9,9 +9,10 @@ import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any
+from zoneinfo import ZoneInfo
 
-from . import _cron
+from . import _cron, _zones
 from ._errors import ScheduleError
 from ._validate import Duration, seconds
 
@@ -62,7 +63,11 @@ class Every:
 
 @dataclass(frozen=True, slots=True)
 class Cron:
-    """A five-field Vixie cron trigger in an IANA zone; build it with :func:`cron`."""
+    """A five-field Vixie cron trigger in an IANA zone; build it with :func:`cron`.
+
+    The zone's rules come from the ``tzdata`` package, never the system's database, so every
+    replica with the same ``tzdata`` computes the same instants (see :mod:`._zones`).
+    """
 
     expr: str
     tz: str = "UTC"
@@ -77,11 +82,11 @@ class Cron:
         if not isinstance(self.tz, str) or not self.tz:
             raise _error("cron()", f"tz must be an IANA zone name, got {self.tz!r}", "tz")
         try:
-            zone = ZoneInfo(self.tz)
-        except (ZoneInfoNotFoundError, ValueError):
+            zone = _zones.zone(self.tz)
+        except _zones.UnknownZone as exc:
             raise _error(
                 "cron()",
-                f"tz {self.tz!r} is not a known IANA zone (e.g. 'Europe/Berlin', 'UTC')",
+                f"tz {self.tz!r} is not a known IANA zone (e.g. 'Europe/Berlin', 'UTC'); {exc}",
                 "tz",
             ) from None
         shortest = _cron.shortest_period(spec)
@@ -98,6 +103,10 @@ class Cron:
         object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "zone", zone)
         object.__setattr__(self, "period", period)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and copy by the declaration: a zone read from a file pickles by no key."""
+        return (Cron, (self.expr, self.tz, self.jitter))
 
     def next_fire(self, after: datetime) -> datetime | None:
         """The first fire instant strictly after ``after``, aware, in UTC (jitter not included)."""

@@ -15,6 +15,9 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .._errors import StatementRefused
+from .statements import transaction_control
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -49,10 +52,29 @@ callback bound to the connection, which no SQL reset removes: the connection is 
 after the tick instead of reused, and what the handler kept fails with it."""
 
 
-_SQL = frozenset({"execute", "executemany", "fetch", "fetchmany", "fetchrow", "fetchval"})
+_SQL = {
+    "copy_from_query": "query",
+    "copy_records_to_table": "where",
+    "copy_to_table": "where",
+    "cursor": "query",
+    "execute": "query",
+    "executemany": "command",
+    "fetch": "query",
+    "fetchmany": "query",
+    "fetchrow": "query",
+    "fetchval": "query",
+    "prepare": "query",
+}
+"""Connection methods that send SQL text of the caller's, and the parameter that holds it
+(``where`` is keyword-only; the others come first)."""
 _RESETS = re.compile(r"\b(DEALLOCATE|DISCARD)\b", re.IGNORECASE)
 """Statements that drop prepared statements, asyncpg's own among them (its client-side cache
-would then name statements the session no longer has)."""
+would then name statements the session no longer has). Searched anywhere in the text, in
+strings too: a ``DO`` block can run one with ``EXECUTE``."""
+_ENDS_SESSION = frozenset({"close", "reset", "terminate"})
+"""Connection methods that end the tick's transaction from the client (``reset`` sends a
+``ROLLBACK``; the others end the session, and the lock with it)."""
+_SHOWN = 200  # characters of a refused statement quoted in the error
 
 
 class ConnectionLease:
@@ -66,7 +88,10 @@ class ConnectionLease:
     used a method outside :data:`_PLAIN`; the connection is closed after the tick.
 
     The connection is already inside the tick's transaction, so :meth:`transaction` opens a
-    savepoint of it, as asyncpg does for a nested transaction.
+    savepoint of it, as asyncpg does for a nested transaction. Only ticklock ends that
+    transaction: SQL text with a statement that would end or change it (``COMMIT``,
+    ``ROLLBACK`` without ``TO``, ``BEGIN``, ..., see :mod:`.statements`), and ``close()``,
+    ``terminate()`` and ``reset()``, raise :class:`StatementRefused` before anything is sent.
     """
 
     __slots__ = ("_con", "_savepoints", "retire", "used")
@@ -86,9 +111,18 @@ class ConnectionLease:
             return value
 
         def lent(*args: Any, **kwargs: Any) -> Any:
-            self._lent(name)  # raises once the tick has ended
-            if name in _SQL and args and isinstance(args[0], str) and _RESETS.search(args[0]):
-                self.retire = True  # it may drop asyncpg's own prepared statements
+            con = self._lent(name)  # raises once the tick has ended
+            if name in _ENDS_SESSION:
+                raise StatementRefused(
+                    f"ctx.conn.{name}() would end the tick's transaction, which holds the job's "
+                    "lock and carries its writes: refused. The connection is ticklock's until "
+                    "the handler returns"
+                )
+            sql = _sql_of(name, args, kwargs)
+            if sql is not None:
+                _refuse_transaction_control(con, name, sql)
+                if _RESETS.search(sql):
+                    self.retire = True  # it may drop asyncpg's own prepared statements
             result = value(*args, **kwargs)
             # asyncpg's methods send their statement when awaited: check again then
             return self._guard(name, result) if inspect.iscoroutine(result) else result
@@ -139,6 +173,39 @@ class ConnectionLease:
     def __repr__(self) -> str:
         state = "ended" if self._con is None else repr(self._con)
         return f"<ticklock.ConnectionLease {state}>"
+
+
+def _sql_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The SQL text a call of the connection method ``name`` sends, if it takes one."""
+    parameter = _SQL.get(name)
+    if parameter is None:
+        return None
+    text = args[0] if args and parameter != "where" else kwargs.get(parameter)
+    return text if isinstance(text, str) else None
+
+
+def _refuse_transaction_control(con: asyncpg.Connection[Any], name: str, sql: str) -> None:
+    """Raise :class:`StatementRefused` if a statement of ``sql`` would end or change the
+    tick's transaction (:func:`.statements.transaction_control`), read as the session reads
+    strings now."""
+    standard = con.get_settings().standard_conforming_strings != "off"
+    statement = transaction_control(sql, standard_strings=standard)
+    if statement is None:
+        return
+    text = statement.text
+    shown = repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+    hint = (
+        " (the END of a CREATE FUNCTION ... BEGIN ATOMIC body reads as a statement here: "
+        "write the body as AS $$ ... $$)"
+        if statement.words[:1] == ("END",)
+        else ""
+    )
+    raise StatementRefused(
+        f"ctx.conn.{name}(): {shown} would end or change the tick's transaction, which holds "
+        f"the job's lock and carries its writes{hint}: refused before it reached the server. "
+        "ticklock commits the handler's writes with the slot when it returns; for a partial "
+        "rollback use 'async with ctx.conn.transaction()' (a savepoint)"
+    )
 
 
 class Savepoint:
