@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from . import _zones
 from ._errors import ScheduleError, SchedulerStateError
 from ._triggers import Cron, Every, Trigger
 from ._validate import Duration, name, seconds
@@ -245,7 +246,8 @@ def declaration(job: Job) -> str:
     shape = (
         f"every {trigger.interval:g}s jitter {trigger.jitter:g}s delay {trigger.initial_delay:g}s"
         if isinstance(trigger, Every)
-        else f"cron {trigger.expr!r} {trigger.tz} jitter {trigger.jitter:g}s"
+        else f"cron {trigger.expr!r} {trigger.tz} (tzdata {_zones.version()}) "
+        f"jitter {trigger.jitter:g}s"
     )
     return (
         f"{shape}, timeout {job.timeout:g}s, retries {job.retries} (backoff "
