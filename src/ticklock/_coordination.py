@@ -130,8 +130,10 @@ class Coordinator(Protocol):
         of the namespace."""
         ...
 
-    async def attempt(self, job_id: str, budget: float) -> Attempt:
-        """Begin a tick: try the job's lock and read its state under it."""
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
+        """Begin a tick: try the job's lock and read its state under it. ``at`` (the slot, or
+        the tick's start if later) in the database's future is refused before the lock is
+        tried (PostgreSQL: :class:`~ticklock._errors.ClockAhead`)."""
         ...
 
     async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
@@ -244,8 +246,8 @@ class LocalCoordinator:
         """A copy of the in-process state."""
         return {job_id: s.copy() for job_id, s in self.states.items()}
 
-    async def attempt(self, job_id: str, budget: float) -> Attempt:
-        """Take the job's in-process lock if it is free."""
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
+        """Take the job's in-process lock if it is free (one clock: nothing is ahead)."""
         acquired = job_id not in self.held
         if acquired:
             self.held.add(job_id)

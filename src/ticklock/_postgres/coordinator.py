@@ -56,7 +56,17 @@ from .._lock_key import lock_key
 from .._plan import next_due, overdue_at
 from .connection import ConnectionLease, Pooler, create_pool
 from .control import Watch
-from .sql import LEFTOVERS, RESET, Statements, begin, migrate
+from .dbtime import database_time
+from .sql import (
+    LEFTOVERS,
+    RESET,
+    Begun,
+    Holder,
+    Statements,
+    begin,
+    end_stale_holder,
+    migrate,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -67,6 +77,11 @@ logger = logging.getLogger("ticklock")
 SERVER_GRACE = 1.0
 """Seconds the server-side timeouts add to the job's timeout, so that the client's own
 timeout normally fires first and the server's is the backstop for a paused process."""
+STALE_GRACE = 1.0
+"""Seconds past a holder's server-side bound after which another replica ends its session:
+what bounds a frozen holder whose handler switched the server-side timeouts off."""
+TERMINATE_WAIT_MS = 1000
+"""How long a replica that ends a stale holder's session waits for it to go (PostgreSQL 14+)."""
 SKEW_WARNING = 1.0
 """A replica clock further than this from the database's logs a WARNING at start."""
 CLEANUP_SECONDS = 5.0
@@ -157,6 +172,7 @@ class _PgAttempt:
             result.manual,
             next_due,
             self._lease.used,
+            c.anchor(),
         )
         assert row is not None  # the statement returns one row
         written, same_tx, bounded, ahead, prepared = row
@@ -254,6 +270,9 @@ class PostgresCoordinator:
         self._retry_at = -math.inf  # when to try to migrate again (while not ready)
         self._retry_delay = RETRY_FIRST
         self._transaction_timeout = False
+        self._terminate_wait: int | None = TERMINATE_WAIT_MS  # None before PostgreSQL 14
+        self._refused_warned = False  # a stale holder this role may not end: said once
+        self._time = database_time(clock)  # the reference for "in the database's future"
         self.sql = Statements(schema)
         self._watch: Watch | None = None
 
@@ -311,7 +330,9 @@ class PostgresCoordinator:
     async def _prepare(self) -> None:
         async with self.connection() as conn:
             await migrate(conn, self.schema)
-            self._transaction_timeout = conn.get_server_version().major >= 17
+            major = conn.get_server_version().major
+            self._transaction_timeout = major >= 17
+            self._terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
             await self._check_clock(conn)
         self.ready = True
         self._up()
@@ -394,12 +415,22 @@ class PostgresCoordinator:
         with self.shielded():
             await self.pool.release(cast("PoolConnectionProxy[Any]", con))
 
+    def anchor(self) -> datetime | None:
+        """The database's time carried on this replica's clock (see :mod:`.dbtime`): with
+        ``clock_timestamp()``, the reference of every check for "in the database's future"."""
+        return self._time.at(self._clock.monotonic())
+
     async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
-        before = self._clock.now()
+        """Read the database's clock into the anchor, and warn of a replica clock off by more
+        than :data:`SKEW_WARNING` from it."""
+        clock = self._clock
+        before, started = clock.now(), clock.monotonic()
         server = await conn.fetchval("SELECT clock_timestamp()")
-        after = self._clock.now()
+        after, ended = clock.now(), clock.monotonic()
+        self._time.observe(server, started + (ended - started) / 2)
         local = before + (after - before) / 2
-        skew = abs((server - local).total_seconds())
+        reference = self.anchor() or server  # a clock that others moved on (advance) is not off
+        skew = abs((reference - local).total_seconds())
         if skew > SKEW_WARNING:
             logger.warning(
                 "this replica's clock differs from the database's by %.1f s; slots come "
@@ -462,12 +493,60 @@ class PostgresCoordinator:
                     await conn.execute(self.sql.reschedule, self.namespace, ids, successes, dues)
         return states
 
-    def _begin(self, job_id: str, budget: float) -> str:
-        key = lock_key(self.namespace, job_id)
-        return begin(key, _limit_ms(budget), transaction_timeout=self._transaction_timeout)
+    async def _begin(
+        self, conn: asyncpg.Connection[Any], key: int, budget: float, at: datetime
+    ) -> Begun:
+        statement = begin(
+            key,
+            _limit_ms(budget),
+            transaction_timeout=self._transaction_timeout,
+            at=at,
+            anchor=self.anchor(),
+        )
+        status = await conn.execute(statement)
+        return Begun(int(status.rsplit(" ", 1)[1]))
 
-    async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
-        """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
+    async def _take_over(
+        self, attempt: _PgAttempt, key: int, job_id: str, budget: float, at: datetime
+    ) -> Begun:
+        """The lock is held: roll back, and end the holder's session if it is past its bound
+        by :data:`STALE_GRACE` (a frozen replica whose handler switched the server-side
+        timeouts off), then try once more. The common path (the lock taken) never pays this."""
+        assert attempt._con is not None
+        conn = attempt._con
+        stale_ms = _limit_ms(budget) + int(STALE_GRACE * 1000)
+        status = await conn.execute(
+            "ROLLBACK; " + end_stale_holder(key, stale_ms, self._terminate_wait)
+        )
+        attempt._open = False
+        holder = Holder(int(status.rsplit(" ", 1)[1]))
+        if holder is Holder.REFUSED and not self._refused_warned:
+            self._refused_warned = True
+            logger.warning(
+                "%s: the replica holding the lock has held it for more than %.1f s, past its "
+                "server-side timeouts, and this role may not end its session: no replica can "
+                "run the job until it lets go. Run the replicas as one role, or GRANT "
+                "pg_signal_backend to this one",
+                job_id,
+                stale_ms / 1000,
+                extra={"job_id": job_id},
+            )
+        if holder is not Holder.ENDED:
+            return Begun.HELD
+        logger.warning(
+            "%s: ended the session of the replica holding the lock for more than %.1f s (its "
+            "handler had switched off the server-side timeouts, and it is frozen or stuck): "
+            "its writes are rolled back, and this replica runs the job",
+            job_id,
+            stale_ms / 1000,
+            extra={"job_id": job_id},
+        )
+        attempt._open = True
+        return await self._begin(conn, key, budget, at)
+
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> _PgAttempt:
+        """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
+        or the tick's start if later), try the lock, and read the job's state under it."""
         if not self.ready:
             await self._reconnect()
         try:
@@ -478,10 +557,15 @@ class PostgresCoordinator:
                 self._down(exc)
             raise
         attempt = _PgAttempt(self, job_id, conn, _limit_ms(budget))
+        key = lock_key(self.namespace, job_id)
         try:
-            status = await conn.execute(self._begin(job_id, budget))
+            begun = await self._begin(conn, key, budget, at)
             self._up()
-            if status != "SELECT 1":
+            if begun is Begun.HELD:
+                begun = await self._take_over(attempt, key, job_id, budget, at)
+            if begun is Begun.AHEAD:
+                raise self._ahead(at)
+            if begun is not Begun.ACQUIRED:
                 return attempt  # held by another replica: close() rolls back
             row = await conn.fetchrow(self.sql.state, self.namespace, job_id)
             assert row is not None  # the statement returns one row
@@ -497,6 +581,15 @@ class PostgresCoordinator:
                 self.lost(exc)
             await attempt.close()
             raise
+
+    def _ahead(self, at: datetime) -> ClockAhead:
+        anchor = self.anchor()
+        by = "" if anchor is None else f" by about {(at - anchor).total_seconds():.1f} s"
+        return ClockAhead(
+            f"this replica's clock runs ahead of the database's{by}: slot {at.isoformat()} "
+            f"would lie in the fleet's future, beyond the {FUTURE_LIMIT:g} s allowed; the "
+            "handler was not started. Synchronise the replica's clock (NTP)"
+        )
 
     async def read(self, job_ids: Sequence[str]) -> dict[str, FleetState]:
         """The fleet state of ``job_ids`` in one statement, without their locks."""
@@ -533,6 +626,7 @@ class PostgresCoordinator:
                 None if result.error is None else storable(result.error),
                 result.manual,
                 next_due,
+                self.anchor(),
             )
 
     def classify(self, exc: BaseException) -> Outcome | None:
