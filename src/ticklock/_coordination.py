@@ -110,6 +110,8 @@ class Coordinator(Protocol):
 
     ready: bool
     """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
+    problem: str | None
+    """Why coordination does not work now (its error and the fix), ``None`` when it does."""
 
     async def open(self) -> None:
         """Connect and prepare (PostgreSQL: create the pool, migrate); a database that does
@@ -202,6 +204,7 @@ class LocalCoordinator:
         self.history: dict[str, deque[RunResult]] = {}
         self.held: set[str] = set()
         self.ready = True
+        self.problem: str | None = None
         self._poked: anyio.Event | None = None
 
     def recorded(self, result: RunResult) -> None:

@@ -233,13 +233,19 @@ class _PgAttempt:
         await c.release(con)
 
 
+class _Ungranted(Exception):
+    """The DSN's user lacks privileges on ticklock's tables (found before any tick needs them)."""
+
+
 class PostgresCoordinator:
     """Coordination through one PostgreSQL database (see the module docstring).
 
-    A database that does not answer at start-up (down, restarting, refusing connections)
-    does not stop the scheduler: :attr:`ready` stays false, ticks end as ``error``, and
-    :meth:`connect` retries until it answers. Errors that cannot fix themselves (a failed
-    login, a missing database, no permission to migrate) raise :class:`StartupError`.
+    Nothing the database answers at start-up stops the scheduler: down or restarting (a
+    WARNING), or refusing it in a way an operator fixes while the app runs (not accepting
+    connections, a missing database or role, a missing grant: an ERROR naming the fix).
+    :attr:`ready` stays false, :attr:`problem` says why, ticks end as ``error``, and
+    :meth:`connect` retries with backoff until it works. Only a DSN option asyncpg refuses,
+    or any of these with ``require_database=True``, raises :class:`StartupError`.
     """
 
     def __init__(
@@ -267,6 +273,9 @@ class PostgresCoordinator:
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
         self._cause = ""
+        self._advice: str | None = None  # the fix an operator makes, if the cause needs one
+        self.problem: str | None = None
+        """Why the database cannot be used now (its error and the fix), ``None`` when it can."""
         self._retry_at = -math.inf  # when to try to migrate again (while not ready)
         self._retry_delay = RETRY_FIRST
         self._transaction_timeout = False
@@ -304,7 +313,7 @@ class PostgresCoordinator:
         try:
             await self._prepare()
         except Exception as exc:
-            if self._require_database or not self.classify(exc):
+            if self._require_database or not _answered(exc):
                 await self.close()
                 raise StartupError(self.explain(exc)) from exc
             self._down(exc)
@@ -325,11 +334,15 @@ class PostgresCoordinator:
                 return
             except Exception as exc:
                 self._down(exc)
-        raise DatabaseUnavailable(f"the database is not available ({self._cause})")
+        fix = f": {self._advice}" if self._advice else ""
+        raise DatabaseUnavailable(f"the database is not available ({self._cause}){fix}")
 
     async def _prepare(self) -> None:
         async with self.connection() as conn:
             await migrate(conn, self.schema)
+            missing = await conn.fetchval(self.sql.ungranted)
+            if missing:
+                raise _Ungranted(f"permission denied for {', '.join(missing)}")
             major = conn.get_server_version().major
             self._transaction_timeout = major >= 17
             self._terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
@@ -345,16 +358,30 @@ class PostgresCoordinator:
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
         cause = describe(exc)
         if self._down_since is None or type(exc).__name__ not in self._cause:
-            logger.warning(
-                "the database is unavailable (%s): ticks end as 'error' until it answers",
-                cause,
-            )
+            if self.classify(exc):  # down, restarting, overloaded: it comes back by itself
+                self._advice = None
+                self.problem = f"the database is unavailable ({cause})"
+                logger.warning(
+                    "the database is unavailable (%s): ticks end as 'error' until it answers",
+                    cause,
+                )
+            else:  # an operator's fix: say which
+                self._advice = self._fix(exc)
+                self.problem = f"{cause}: {self._advice}"
+                logger.error(
+                    "ticklock cannot use the database (%s): %s; it tries again with backoff "
+                    "(at most every %g s), and ticks end as 'error' until then",
+                    cause,
+                    self._fix(exc),
+                    RETRY_MAX,
+                )
         if self._down_since is None:
             self._down_since = time.monotonic()
         self._cause = cause
 
     def _up(self) -> None:
         self._retry_delay = RETRY_FIRST
+        self.problem = None
         if self._down_since is not None:
             logger.info(
                 "the database answers again, after %.1f s", time.monotonic() - self._down_since
@@ -362,30 +389,43 @@ class PostgresCoordinator:
             self._down_since = None
 
     def explain(self, exc: BaseException) -> str:
-        """One line for an error that waiting cannot fix: its cause, and the fix."""
+        """One line for an error that fails start-up: its cause, and the fix."""
+        return f"ticklock could not start: {describe(exc)}: {self._fix(exc)}"
+
+    def _fix(self, exc: BaseException) -> str:
+        """What an operator does about ``exc``."""
         import asyncpg
 
-        cause = describe(exc)
-        if isinstance(
-            exc, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
-        ):
-            fix = "check the user and password in the DSN (or PGPASSWORD / ~/.pgpass)"
+        if isinstance(exc, asyncpg.InvalidPasswordError):
+            fix = "check the password in the DSN (or PGPASSWORD / ~/.pgpass)"
+        elif isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+            fix = "create the role (CREATE ROLE ... LOGIN), or correct the user in the DSN"
         elif isinstance(exc, asyncpg.InvalidCatalogNameError):
             fix = "create the database, or correct its name in the DSN"
-        elif isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        elif isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "accepting" in str(exc):
+            fix = "let the database accept connections (ALTER DATABASE ... ALLOW_CONNECTIONS true)"
+        elif isinstance(exc, asyncpg.InsufficientPrivilegeError) and "CONNECT" in str(
+            getattr(exc, "detail", None)
+        ):
+            fix = "GRANT CONNECT ON DATABASE ... to the DSN's user"
+        elif isinstance(exc, (asyncpg.InsufficientPrivilegeError, _Ungranted)):
             s = self.schema
+            grants = (
+                f"GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES "
+                f"IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} to it"
+            )
             fix = (
-                f"the DSN's user needs CREATE on the database, for ticklock to create its "
+                f"the tables are there: {grants}"
+                if isinstance(exc, _Ungranted)
+                else f"the DSN's user needs CREATE on the database, for ticklock to create its "
                 f"tables in schema {s!r}; or, once 'ticklock migrate' has created them as "
-                f"another user: GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, "
-                f"DELETE ON ALL TABLES IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN "
-                f"SCHEMA {s} to it"
+                f"another user: {grants}"
             )
         elif self.classify(exc):
             fix = "the database did not answer, and require_database=True fails start-up"
         else:
-            fix = "ticklock cannot work with this database"
-        return f"ticklock could not start: {cause}: {fix}"
+            fix = "ticklock cannot work with this database as it is"
+        return fix
 
     def lost(self, exc: Exception) -> None:
         """Note that a statement found ticklock's tables missing (a database restored or
@@ -642,6 +682,16 @@ class PostgresCoordinator:
             if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:
                 return Outcome.ERROR
         return None
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database's answer (or its silence), which an operator can fix
+    while the app runs, rather than a DSN option asyncpg itself refuses."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return False
+    return isinstance(exc, (OSError, asyncpg.InterfaceError, asyncpg.PostgresError, _Ungranted))
 
 
 def _limit_ms(budget: float) -> int:

@@ -147,6 +147,20 @@ class Statements:
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
+        # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
+        tables = ", ".join(f"'{s}.{t}'" for t in ("jobs", "runs", "replicas"))
+        self.ungranted = f"""
+SELECT array_agg(what ORDER BY what) FROM (
+    SELECT format('table %s (%s)', replace(t, '"', ''), p) AS what
+    FROM unnest(ARRAY[{tables}]) AS t, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p
+    WHERE NOT has_table_privilege(t, p)
+    UNION ALL
+    SELECT format('table %s (SELECT)', replace('{s}.schema_version', '"', ''))
+    WHERE NOT has_table_privilege('{s}.schema_version', 'SELECT')
+    UNION ALL
+    SELECT format('sequence %s (USAGE)', q) FROM pg_get_serial_sequence('{s}.runs', 'id') AS q
+    WHERE NOT has_sequence_privilege(q, 'USAGE')
+) AS missing"""
         self.register = (
             f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
             "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
