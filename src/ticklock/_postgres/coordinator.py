@@ -1,9 +1,14 @@
 """PostgreSQL coordination: each tick is one transaction that holds the job's advisory lock.
 
-Round trips of a tick that runs: (1) ``BEGIN; SET LOCAL ...; try the lock`` in one simple
-query, (2) read the fleet state (a fresh snapshot, taken after the lock), then the handler,
-(3) the watermark + success + run record in one statement, (4) ``COMMIT``. A tick that finds
-the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
+Round trips of a tick that runs: (1) ``BEGIN; SET LOCAL ...; refuse a slot in the database's
+future, else try the lock`` in one simple query, (2) read the fleet state (a fresh snapshot,
+taken after the lock), then the handler, (3) the watermark + success + run record in one
+statement, (4) ``COMMIT``. A tick that finds the lock held takes 2 (the first, and
+``ROLLBACK`` with a look at the holder: one past its bound plus :data:`STALE_GRACE` has its
+session ended, and the lock is tried again); one that skips takes 3; a refused slot takes 2,
+and its handler never starts. "The database's future" is measured from
+``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`), here and in the commit's and
+the failure record's checks.
 
 A handler that used ``ctx.conn`` may have left session state: settings, a role, temporary
 tables, cursors, listeners, advisory locks (``sql.RESET`` undoes them all), or SQL prepared
