@@ -105,3 +105,20 @@ elif SCENARIO == "share":
 
     for i in range(12):
         scheduler.add(shared, every(1), id=f"job-{i}", timeout=0.9)
+
+elif SCENARIO == "unbounded":
+    # A's handler switches off every server-side timeout of its tick, then is frozen
+    @scheduler.job(every(2), id="unbounded", timeout=1.5)
+    async def unbounded(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        started = await begin(ctx)
+        await log(ctx, started, note=OWNER)
+        if OWNER == "A":
+            for setting in (
+                "transaction_timeout",
+                "statement_timeout",
+                "idle_in_transaction_session_timeout",
+            ):
+                await ctx.conn.execute(f"SET LOCAL {setting} = 0")
+            await anyio.Path(MARKER).touch()
+            await anyio.sleep(1.2)  # the test SIGSTOPs this process here

@@ -37,7 +37,8 @@ class Fleet:
             REPLICA_SCHEMA=self.schema,
             REPLICA_MARKER=str(self.tmp / f"{owner}.marker"),
             REPLICA_SHIFT=str(shift),
-            PYTHONPATH=str(TESTS),
+            # the caller's path first: the replicas run the ticklock under test
+            PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])),
         )
         with open(self.tmp / f"{owner}.log", "wb") as out:  # the child keeps its own fd
             proc = subprocess.Popen(
@@ -163,6 +164,42 @@ async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_co
     assert "success" not in [r["outcome"] for r in a_runs[:1]]
     slots = await pg_conn.fetch(f"SELECT slot FROM {s}.log")
     assert len(slots) == len({r["slot"] for r in slots})
+
+
+async def test_a_frozen_holder_that_switched_off_its_timeouts_is_ended_by_another_replica(
+    fleet: Fleet, pg_conn: Any
+) -> None:
+    # A's handler sets transaction_timeout, statement_timeout and
+    # idle_in_transaction_session_timeout to 0, then A is frozen holding the lock: B ends A's
+    # session once A's transaction is older than its bound (timeout 1.5 + 1.0) plus 1.0.
+    s = fleet.schema
+    a = fleet.spawn("A", "unbounded")
+    await fleet.wait_marker("A", "replica A to hold the lock inside its handler")
+    a.send_signal(signal.SIGSTOP)
+    paused_at = datetime.now(timezone.utc)
+    fleet.spawn("B", "unbounded")
+
+    async def b_committed() -> bool:
+        return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'B'"))
+
+    await eventually(b_committed, 15, "replica B to run while A is frozen")
+    b_first = await pg_conn.fetchval(f"SELECT min(started) FROM {s}.log WHERE note = 'B'")
+    waited = (b_first - paused_at).total_seconds()
+    # B's first attempt that finds A's transaction past its bound and the grace (3.5 s from
+    # A's start) ends it: at most a period (2 s) and a backup's grace (1 s) after that, with
+    # up to 3 s for B's own process to start
+    assert 2.0 <= waited <= 3.5 + 2.0 + 1.0 + 3.0, waited
+    a.send_signal(signal.SIGCONT)
+    await anyio.sleep(2)  # A wakes up, finds its session gone, fails its late commit
+    assert fleet.stop("A") == 0, fleet.output("A")
+    assert fleet.stop("B") == 0
+    assert "ended the session of the replica holding the lock" in fleet.output("B")
+    a_rows = await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'A'")
+    assert a_rows == 0, "the frozen holder's writes must never appear"
+    a_runs = await pg_conn.fetch(
+        f"SELECT outcome FROM {s}.runs WHERE owner = 'A' AND job_id = 'unbounded'"
+    )
+    assert "success" not in [r["outcome"] for r in a_runs]
 
 
 async def test_a_replica_killed_mid_run_leaves_no_partial_write(fleet: Fleet, pg_conn: Any) -> None:

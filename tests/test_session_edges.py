@@ -490,9 +490,10 @@ async def test_a_replica_a_day_ahead_commits_nothing_and_the_fleet_runs_on(
     tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
     ahead = Scheduler(pg_dsn, schema=pg_schema, owner="ahead", clock=ManualClock(tomorrow))
     healthy = Scheduler(pg_dsn, schema=pg_schema, owner="healthy")
+    started: list[str] = []
 
     async def beat(ctx: JobContext) -> None:
-        pass
+        started.append(ctx.owner)  # a side effect outside the database (an email, say)
 
     for scheduler in (ahead, healthy):
         scheduler.add(beat, rare(), id="beat", timeout=5)
@@ -500,10 +501,12 @@ async def test_a_replica_a_day_ahead_commits_nothing_and_the_fleet_runs_on(
         result = await ahead.run_now("beat")
     assert result.outcome is Outcome.ERROR
     assert result.error is not None and "ahead of the database's" in result.error
+    assert "the handler was not started" in result.error
+    assert started == []  # refused where the lock is taken, before the handler
     row = await pg_conn.fetchrow(
         f"SELECT last_slot, last_end FROM {pg_schema}.jobs WHERE job_id = 'beat'"
     )
-    # the failure is recorded, but it moves neither the watermark nor the fixed delay
+    # it moves neither the watermark nor the fixed delay
     assert row["last_slot"] is None and row["last_end"] is None, row
     async with healthy:
         assert (await healthy.run_now("beat")).outcome is Outcome.SUCCESS
@@ -666,7 +669,10 @@ async def test_a_replica_a_few_seconds_ahead_does_not_stop_an_every_job(
         def now(self) -> datetime:
             return super().now() + timedelta(seconds=3)
 
+    started: list[str] = []
+
     async def beat(ctx: JobContext) -> None:
+        started.append(ctx.owner)  # a side effect outside the database (an HTTP call, say)
         assert ctx.conn is not None
         await ctx.conn.execute(f"INSERT INTO {table} VALUES ($1, $2)", ctx.slot, ctx.owner)
 
@@ -680,6 +686,7 @@ async def test_a_replica_a_few_seconds_ahead_does_not_stop_an_every_job(
     rows = await pg_conn.fetch(f"SELECT note FROM {table}")
     assert {r["note"] for r in rows} == {"good"}
     assert len(rows) >= 4, "the healthy replica stopped running the job"
+    assert set(started) == {"good"}, "the replica ahead started its handler"
 
 
 async def test_a_deeply_nested_report_is_a_failure(pg_dsn: str, pg_schema: str) -> None:

@@ -279,7 +279,7 @@ async def test_a_backup_that_finds_the_lock_held_waits_for_the_run_and_calls_not
         async with b.scheduler:
             b.view(owner)
             # the owner's run of slot 10, holding the job's lock (here: in-process)
-            held = await b.scheduler._coordinator.attempt("job", 5)
+            held = await b.scheduler._coordinator.attempt("job", 5, b.clock.now())
             assert held.acquired
             await b.clock.advance(11)
             assert b.starts == []  # the look at 11 found the lock held: a run is in progress

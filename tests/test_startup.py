@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -97,14 +98,21 @@ def with_user(dsn: str, user: str) -> str:
     return dsn.replace("postgresql://postgres@", f"postgresql://{user}@")
 
 
+NOT_ACCEPTING = (
+    r'^ticklock could not start: ObjectNotInPrerequisiteStateError: database "d_[0-9a-f]+" is '
+    r"not currently accepting connections: let the database accept connections \(ALTER "
+    r"DATABASE \.\.\. ALLOW_CONNECTIONS true\)$"
+)
+
+
 @pytest.mark.parametrize(
     ("problem", "message"),
     [
         (
             "unknown user",
             r'^ticklock could not start: InvalidAuthorizationSpecificationError: role "nobody_'
-            r'[0-9a-f]+" does not exist: check the user and password in the DSN \(or PGPASSWORD '
-            r"/ ~/\.pgpass\)$",
+            r'[0-9a-f]+" does not exist: create the role \(CREATE ROLE \.\.\. LOGIN\), or '
+            r"correct the user in the DSN$",
         ),
         (
             "missing database",
@@ -120,27 +128,160 @@ def with_user(dsn: str, user: str) -> str:
             r"INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA t_[0-9a-f]+ and GRANT USAGE ON ALL "
             r"SEQUENCES IN SCHEMA t_[0-9a-f]+ to it$",
         ),
+        ("not accepting connections", NOT_ACCEPTING),
     ],
 )
-async def test_what_waiting_cannot_fix_fails_start_up_at_once(
+async def test_require_database_fails_start_up_at_once_on_what_an_operator_must_fix(
     pg_dsn: str, pg_schema: str, pg_conn: Any, problem: str, message: str
 ) -> None:
+    database = f"d_{pg_schema[2:]}"
     if problem == "unknown user":
         dsn = with_user(pg_dsn, f"nobody_{pg_schema[2:]}")
     elif problem == "missing database":
         dsn = pg_dsn.rsplit("/", 1)[0] + "/no_such_db"
+    elif problem == "not accepting connections":
+        await pg_conn.execute(f"CREATE DATABASE {database} ALLOW_CONNECTIONS false")
+        dsn = pg_dsn.rsplit("/", 1)[0] + f"/{database}"
     else:
         role = f"{pg_schema}_limited"
         await pg_conn.execute(f"CREATE ROLE {role} LOGIN")
         dsn = with_user(pg_dsn, role)
     try:
-        scheduler = Scheduler(dsn, schema=pg_schema)
+        scheduler = Scheduler(dsn, schema=pg_schema, require_database=True)
         with anyio.fail_after(10), pytest.raises(StartupError, match=message):
             async with scheduler:
                 pass
     finally:
         if problem == "no permission to migrate":
             await pg_conn.execute(f"DROP ROLE {pg_schema}_limited")
+        if problem == "not accepting connections":
+            await pg_conn.execute(f"DROP DATABASE {database}")
+
+
+async def started_then_fixed(
+    dsn: str, schema: str, fix: Callable[[], Awaitable[None]], error: str
+) -> None:
+    """Start a scheduler on ``dsn``, which refuses it: the app starts, the ERROR names
+    ``error``, ``health()`` says so; once ``fix()`` ran, ticks run without a restart."""
+    scheduler = Scheduler(dsn, schema=schema, shutdown_grace=1)
+    ran = anyio.Event()
+
+    @scheduler.job(every(0.2), id="beat", timeout=0.1)
+    async def beat(ctx: JobContext) -> None:
+        ran.set()
+
+    def problem() -> str | None:
+        return next(h.problem for h in scheduler.health() if h.job_id == "beat")
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(level=logging.ERROR)
+    logging.getLogger("ticklock").addHandler(keep)
+    try:
+        with run_log() as log:
+            async with scheduler:  # the host app starts
+                await eventually(
+                    lambda: anyio.to_thread.run_sync(lambda: len(log.outcomes("beat")) >= 2),
+                    10,
+                    "ticks while the database refuses the scheduler",
+                )
+                assert set(log.outcomes("beat")) == {"error"}
+                assert not ran.is_set()
+                assert error in (problem() or ""), problem()
+                errors = [r.getMessage() for r in records if "cannot use the database" in r.msg]
+                assert len(errors) == 1 and error in errors[0], errors
+                await fix()
+                with anyio.fail_after(20):  # the backoff doubles from 0.5 s
+                    await ran.wait()
+                assert problem() is None
+    finally:
+        logging.getLogger("ticklock").removeHandler(keep)
+
+
+async def test_a_database_not_accepting_connections_at_start_is_waited_for(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    database = f"d_{pg_schema[2:]}"
+    await pg_conn.execute(f"CREATE DATABASE {database} ALLOW_CONNECTIONS false")
+
+    async def allow() -> None:
+        await pg_conn.execute(f"ALTER DATABASE {database} ALLOW_CONNECTIONS true")
+
+    try:
+        dsn = pg_dsn.rsplit("/", 1)[0] + f"/{database}"
+        await started_then_fixed(dsn, pg_schema, allow, "ALLOW_CONNECTIONS true")
+    finally:
+        await pg_conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+async def test_a_role_created_after_start_is_used_without_a_restart(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    role = f"{pg_schema}_late"
+
+    async def create() -> None:
+        await pg_conn.execute(f"CREATE ROLE {role} LOGIN")
+        await pg_conn.execute(f"GRANT CREATE ON DATABASE postgres TO {role}")
+
+    try:
+        await started_then_fixed(with_user(pg_dsn, role), pg_schema, create, "CREATE ROLE")
+    finally:
+        await pg_conn.execute(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        await pg_conn.execute(f"REVOKE CREATE ON DATABASE postgres FROM {role}")
+        await pg_conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_a_grant_made_after_start_is_used_without_a_restart(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # An administrator ran 'ticklock migrate'; the app's own user may connect, and no more.
+    from ticklock._postgres.sql import migrate
+
+    await migrate(pg_conn, pg_schema)
+    role = f"{pg_schema}_app"
+    await pg_conn.execute(f"CREATE ROLE {role} LOGIN")
+    s = pg_schema
+
+    async def grant() -> None:
+        await pg_conn.execute(
+            f"GRANT USAGE ON SCHEMA {s} TO {role}; "
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {role}; "
+            f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {role}"
+        )
+
+    try:
+        await started_then_fixed(with_user(pg_dsn, role), s, grant, f"GRANT USAGE ON SCHEMA {s}")
+    finally:
+        await pg_conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+async def test_a_partial_grant_is_named_before_any_tick_needs_it(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    from ticklock._postgres.sql import migrate
+
+    await migrate(pg_conn, pg_schema)
+    role = f"{pg_schema}_app"
+    s = pg_schema
+    await pg_conn.execute(
+        f"CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {s} TO {role}; "
+        f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {s} TO {role}"
+    )
+
+    async def grant() -> None:
+        await pg_conn.execute(
+            f"GRANT DELETE ON ALL TABLES IN SCHEMA {s} TO {role}; "
+            f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {role}"
+        )
+
+    try:
+        await started_then_fixed(with_user(pg_dsn, role), s, grant, f"table {s}.jobs (DELETE)")
+    finally:
+        await pg_conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
 
 
 async def test_a_tick_while_the_database_is_down_is_an_error_not_a_crash() -> None:
@@ -197,7 +338,7 @@ async def test_a_user_without_rights_on_the_tables_gets_the_grants_to_make(
     role = f"{pg_schema}_app"
     await pg_conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
-        scheduler = Scheduler(with_user(pg_dsn, role), schema=pg_schema)
+        scheduler = Scheduler(with_user(pg_dsn, role), schema=pg_schema, require_database=True)
         with anyio.fail_after(10), pytest.raises(StartupError) as raised:
             async with scheduler:
                 pass

@@ -27,7 +27,7 @@ class Clock(Protocol):
 class SystemClock:
     """The real clock: wall time from the OS, deadlines on the event loop's monotonic clock."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)  # the database's time is carried per clock object
 
     def now(self) -> datetime:
         """The current wall time, aware, in UTC."""

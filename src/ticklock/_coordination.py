@@ -119,6 +119,8 @@ class Coordinator(Protocol):
 
     ready: bool
     """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
+    problem: str | None
+    """Why coordination does not work now (its error and the fix), ``None`` when it does."""
 
     async def open(self) -> None:
         """Connect and prepare (PostgreSQL: create the pool, migrate); a database that does
@@ -139,8 +141,10 @@ class Coordinator(Protocol):
         of the namespace."""
         ...
 
-    async def attempt(self, job_id: str, budget: float) -> Attempt:
-        """Begin a tick: try the job's lock and read its state under it."""
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
+        """Begin a tick: try the job's lock and read its state under it. ``at`` (the slot, or
+        the tick's start if later) in the database's future is refused before the lock is
+        tried (PostgreSQL: :class:`~ticklock._errors.ClockAhead`)."""
         ...
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
@@ -210,6 +214,7 @@ class LocalCoordinator:
         self.history: dict[str, deque[RunResult]] = {}
         self.held: set[str] = set()
         self.ready = True
+        self.problem: str | None = None
         self._poked: anyio.Event | None = None
 
     def recorded(self, result: RunResult) -> None:
@@ -254,8 +259,8 @@ class LocalCoordinator:
         """A copy of the in-process state."""
         return {job_id: s.copy() for job_id, s in self.states.items()}
 
-    async def attempt(self, job_id: str, budget: float) -> Attempt:
-        """Take the job's in-process lock if it is free."""
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
+        """Take the job's in-process lock if it is free (one clock: nothing is ahead)."""
         acquired = job_id not in self.held
         if acquired:
             self.held.add(job_id)

@@ -13,7 +13,8 @@ Hierarchy::
     ├── SlotAlreadyCommitted  a commit refused: the watermark is at or past the slot
     ├── TransactionEnded      a commit refused: the handler ended the tick's transaction
     ├── LimitsChanged         a commit refused: the handler loosened the server-side timeouts
-    └── ClockAhead            a commit refused: the slot or end lies in the database's future
+    └── ClockAhead            a tick or commit refused: the slot or end lies in the database's
+                              future
     ConnectionError
     └── DatabaseUnavailable   the database does not answer
 
@@ -76,7 +77,9 @@ class LimitsChanged(RuntimeError):
 
 
 class ClockAhead(RuntimeError):
-    """The replica's slot or end lies in the database's future: its clock runs ahead."""
+    """The replica's slot or end lies in the database's future: its clock runs ahead. A slot
+    is refused before its handler starts; an end (the clock stepped during the run) at the
+    commit."""
 
 
 class DatabaseUnavailable(ConnectionError):

@@ -129,6 +129,10 @@ class JobHealth:
     for a paused job; the time a job spent paused does not count."""
     paused: bool = False
     """Paused by an operator (:meth:`~ticklock.Scheduler.pause`): no scheduled run starts."""
+    problem: str | None = None
+    """Why no run can start now (PostgreSQL mode): the database is down, or refuses this
+    scheduler (not accepting connections, a missing database, role or grant), with the
+    error and the fix; ``None`` when it can be used."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

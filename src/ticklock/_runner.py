@@ -134,7 +134,9 @@ class Runner:
         attempt: Attempt | None = None
         try:
             with self.dispatcher.bound(deadline) as scope:
-                attempt = await self.coordinator.attempt(job.id, job.timeout)
+                # a slot in the database's future is refused here, before the handler starts
+                at = started if run.slot is None else max(run.slot, started)
+                attempt = await self.coordinator.attempt(job.id, job.timeout, at)
                 await self._hold(job, attempt, run, started, slot, number)
             overran = scope.cancel_called or clock.monotonic() >= deadline
             if overran and attempt is None:  # the database did not answer in time

@@ -319,14 +319,18 @@ class Scheduler:
             )
 
     async def _first_load(self) -> dict[str, FleetState] | None:
-        """The fleet's state at start (``None`` while the database does not answer); an error
-        that waiting cannot fix (no permission on the tables, say) fails the start."""
+        """The fleet's state at start (``None`` while the database does not answer, or refuses
+        the read: logged, and read again later); with ``require_database=True`` a refusal
+        fails the start."""
         if not self._coordinator.ready:
             return None
         try:
             return await self._load()
         except Exception as exc:
-            raise StartupError(self._coordinator.explain(exc)) from exc
+            if self._require_database:
+                raise StartupError(self._coordinator.explain(exc)) from exc
+            logger.error("%s", self._coordinator.explain(exc))
+            return None
 
     async def _serve(
         self, tg: TaskGroup, states: dict[str, FleetState] | None, task_status: TaskStatus[None]
@@ -804,6 +808,7 @@ class Scheduler:
                     consecutive_failures=state.consecutive_failures,
                     overdue=overdue,
                     paused=paused,
+                    problem=self._coordinator.problem if job.enabled else None,
                 )
             )
         return result

@@ -21,16 +21,18 @@ if TYPE_CHECKING:
 __all__ = ("ManualClock", "run_job")
 
 T = TypeVar("T")
-_DEFAULT_START = datetime(2030, 1, 1, tzinfo=timezone.utc)
 _SETTLE_ROUNDS = 10_000  # bounds the wait when some task never blocks
 
 
 class ManualClock:
     """A clock that moves only when told to; time never goes backwards.
 
-    ``now()`` and ``monotonic()`` advance together. ``await advance(seconds)`` walks through
-    every sleeper's deadline in order, letting all tasks run at each one, so the code under
-    test sees exactly the instants it asked for::
+    It starts at ``start`` (default: the current time, in whole seconds), and ``now()`` and
+    ``monotonic()`` advance together. On PostgreSQL the database follows it: slots up to the
+    time it reads at start plus what the clock advanced since are accepted (see
+    docs/testing.md), so a ``start`` in the database's future is refused as a clock ahead.
+    ``await advance(seconds)`` walks through every sleeper's deadline in order, letting all
+    tasks run at each one, so the code under test sees exactly the instants it asked for::
 
         clock = ManualClock(datetime(2026, 3, 29, 0, 0, tzinfo=timezone.utc))
         scheduler = Scheduler(clock=clock)
@@ -40,7 +42,8 @@ class ManualClock:
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        start = _DEFAULT_START if start is None else start
+        if start is None:
+            start = datetime.now(timezone.utc).replace(microsecond=0)
         if start.tzinfo is None or start.utcoffset() is None:
             raise ValueError(f"ManualClock(start): start must be an aware datetime, got {start!r}")
         self._start = start.astimezone(timezone.utc)

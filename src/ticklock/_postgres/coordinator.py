@@ -1,9 +1,14 @@
 """PostgreSQL coordination: each tick is one transaction that holds the job's advisory lock.
 
-Round trips of a tick that runs: (1) ``BEGIN; SET LOCAL ...; try the lock`` in one simple
-query, (2) read the fleet state (a fresh snapshot, taken after the lock), then the handler,
-(3) the watermark + success + run record in one statement, (4) ``COMMIT``. A tick that finds
-the lock held takes 2 (the first and ``ROLLBACK``); one that skips takes 3.
+Round trips of a tick that runs: (1) ``BEGIN; SET LOCAL ...; refuse a slot in the database's
+future, else try the lock`` in one simple query, (2) read the fleet state (a fresh snapshot,
+taken after the lock), then the handler, (3) the watermark + success + run record in one
+statement, (4) ``COMMIT``. A tick that finds the lock held takes 2 (the first, and
+``ROLLBACK`` with a look at the holder: one past its bound plus :data:`STALE_GRACE` has its
+session ended, and the lock is tried again); one that skips takes 3; a refused slot takes 2,
+and its handler never starts. "The database's future" is measured from
+``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`), here and in the commit's and
+the failure record's checks.
 
 A handler that used ``ctx.conn`` may have left session state: settings, a role, temporary
 tables, cursors, listeners, advisory locks (``sql.RESET`` undoes them all), or SQL prepared
@@ -57,7 +62,17 @@ from .._plan import next_due, overdue_at
 from .._sharing import Member
 from .connection import ConnectionLease, Pooler, create_pool
 from .control import Watch
-from .sql import LEFTOVERS, RESET, Statements, begin, migrate
+from .dbtime import database_time
+from .sql import (
+    LEFTOVERS,
+    RESET,
+    Begun,
+    Holder,
+    Statements,
+    begin,
+    end_stale_holder,
+    migrate,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -68,6 +83,11 @@ logger = logging.getLogger("ticklock")
 SERVER_GRACE = 1.0
 """Seconds the server-side timeouts add to the job's timeout, so that the client's own
 timeout normally fires first and the server's is the backstop for a paused process."""
+STALE_GRACE = 1.0
+"""Seconds past a holder's server-side bound after which another replica ends its session:
+what bounds a frozen holder whose handler switched the server-side timeouts off."""
+TERMINATE_WAIT_MS = 1000
+"""How long a replica that ends a stale holder's session waits for it to go (PostgreSQL 14+)."""
 SKEW_WARNING = 1.0
 """A replica clock further than this from the database's logs a WARNING at start."""
 CLEANUP_SECONDS = 5.0
@@ -158,6 +178,7 @@ class _PgAttempt:
             result.manual,
             next_due,
             self._lease.used,
+            c.anchor(),
         )
         assert row is not None  # the statement returns one row
         written, same_tx, bounded, ahead, prepared = row
@@ -218,13 +239,19 @@ class _PgAttempt:
         await c.release(con)
 
 
+class _Ungranted(Exception):
+    """The DSN's user lacks privileges on ticklock's tables (found before any tick needs them)."""
+
+
 class PostgresCoordinator:
     """Coordination through one PostgreSQL database (see the module docstring).
 
-    A database that does not answer at start-up (down, restarting, refusing connections)
-    does not stop the scheduler: :attr:`ready` stays false, ticks end as ``error``, and
-    :meth:`connect` retries until it answers. Errors that cannot fix themselves (a failed
-    login, a missing database, no permission to migrate) raise :class:`StartupError`.
+    Nothing the database answers at start-up stops the scheduler: down or restarting (a
+    WARNING), or refusing it in a way an operator fixes while the app runs (not accepting
+    connections, a missing database or role, a missing grant: an ERROR naming the fix).
+    :attr:`ready` stays false, :attr:`problem` says why, ticks end as ``error``, and
+    :meth:`connect` retries with backoff until it works. Only a DSN option asyncpg refuses,
+    or any of these with ``require_database=True``, raises :class:`StartupError`.
     """
 
     def __init__(
@@ -252,9 +279,15 @@ class PostgresCoordinator:
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
         self._cause = ""
+        self._advice: str | None = None  # the fix an operator makes, if the cause needs one
+        self.problem: str | None = None
+        """Why the database cannot be used now (its error and the fix), ``None`` when it can."""
         self._retry_at = -math.inf  # when to try to migrate again (while not ready)
         self._retry_delay = RETRY_FIRST
         self._transaction_timeout = False
+        self._terminate_wait: int | None = TERMINATE_WAIT_MS  # None before PostgreSQL 14
+        self._refused_warned = False  # a stale holder this role may not end: said once
+        self._time = database_time(clock)  # the reference for "in the database's future"
         self.sql = Statements(schema)
         self._watch: Watch | None = None
 
@@ -286,7 +319,7 @@ class PostgresCoordinator:
         try:
             await self._prepare()
         except Exception as exc:
-            if self._require_database or not self.classify(exc):
+            if self._require_database or not _answered(exc):
                 await self.close()
                 raise StartupError(self.explain(exc)) from exc
             self._down(exc)
@@ -308,12 +341,18 @@ class PostgresCoordinator:
                 return
             except Exception as exc:
                 self._down(exc)
-        raise DatabaseUnavailable(f"the database is not available ({self._cause})")
+        fix = f": {self._advice}" if self._advice else ""
+        raise DatabaseUnavailable(f"the database is not available ({self._cause}){fix}")
 
     async def _prepare(self) -> None:
         async with self.connection() as conn:
             await migrate(conn, self.schema)
-            self._transaction_timeout = conn.get_server_version().major >= 17
+            missing = await conn.fetchval(self.sql.ungranted)
+            if missing:
+                raise _Ungranted(f"permission denied for {', '.join(missing)}")
+            major = conn.get_server_version().major
+            self._transaction_timeout = major >= 17
+            self._terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
             await self._check_clock(conn)
         self.ready = True
         self._up()
@@ -326,16 +365,30 @@ class PostgresCoordinator:
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
         cause = describe(exc)
         if self._down_since is None or type(exc).__name__ not in self._cause:
-            logger.warning(
-                "the database is unavailable (%s): ticks end as 'error' until it answers",
-                cause,
-            )
+            if self.classify(exc):  # down, restarting, overloaded: it comes back by itself
+                self._advice = None
+                self.problem = f"the database is unavailable ({cause})"
+                logger.warning(
+                    "the database is unavailable (%s): ticks end as 'error' until it answers",
+                    cause,
+                )
+            else:  # an operator's fix: say which
+                self._advice = self._fix(exc)
+                self.problem = f"{cause}: {self._advice}"
+                logger.error(
+                    "ticklock cannot use the database (%s): %s; it tries again with backoff "
+                    "(at most every %g s), and ticks end as 'error' until then",
+                    cause,
+                    self._fix(exc),
+                    RETRY_MAX,
+                )
         if self._down_since is None:
             self._down_since = time.monotonic()
         self._cause = cause
 
     def _up(self) -> None:
         self._retry_delay = RETRY_FIRST
+        self.problem = None
         if self._down_since is not None:
             logger.info(
                 "the database answers again, after %.1f s", time.monotonic() - self._down_since
@@ -343,30 +396,43 @@ class PostgresCoordinator:
             self._down_since = None
 
     def explain(self, exc: BaseException) -> str:
-        """One line for an error that waiting cannot fix: its cause, and the fix."""
+        """One line for an error that fails start-up: its cause, and the fix."""
+        return f"ticklock could not start: {describe(exc)}: {self._fix(exc)}"
+
+    def _fix(self, exc: BaseException) -> str:
+        """What an operator does about ``exc``."""
         import asyncpg
 
-        cause = describe(exc)
-        if isinstance(
-            exc, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
-        ):
-            fix = "check the user and password in the DSN (or PGPASSWORD / ~/.pgpass)"
+        if isinstance(exc, asyncpg.InvalidPasswordError):
+            fix = "check the password in the DSN (or PGPASSWORD / ~/.pgpass)"
+        elif isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+            fix = "create the role (CREATE ROLE ... LOGIN), or correct the user in the DSN"
         elif isinstance(exc, asyncpg.InvalidCatalogNameError):
             fix = "create the database, or correct its name in the DSN"
-        elif isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        elif isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "accepting" in str(exc):
+            fix = "let the database accept connections (ALTER DATABASE ... ALLOW_CONNECTIONS true)"
+        elif isinstance(exc, asyncpg.InsufficientPrivilegeError) and "CONNECT" in str(
+            getattr(exc, "detail", None)
+        ):
+            fix = "GRANT CONNECT ON DATABASE ... to the DSN's user"
+        elif isinstance(exc, (asyncpg.InsufficientPrivilegeError, _Ungranted)):
             s = self.schema
+            grants = (
+                f"GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES "
+                f"IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} to it"
+            )
             fix = (
-                f"the DSN's user needs CREATE on the database, for ticklock to create its "
+                f"the tables are there: {grants}"
+                if isinstance(exc, _Ungranted)
+                else f"the DSN's user needs CREATE on the database, for ticklock to create its "
                 f"tables in schema {s!r}; or, once 'ticklock migrate' has created them as "
-                f"another user: GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, "
-                f"DELETE ON ALL TABLES IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN "
-                f"SCHEMA {s} to it"
+                f"another user: {grants}"
             )
         elif self.classify(exc):
             fix = "the database did not answer, and require_database=True fails start-up"
         else:
-            fix = "ticklock cannot work with this database"
-        return f"ticklock could not start: {cause}: {fix}"
+            fix = "ticklock cannot work with this database as it is"
+        return fix
 
     def lost(self, exc: Exception) -> None:
         """Note that a statement found ticklock's tables missing (a database restored or
@@ -396,12 +462,22 @@ class PostgresCoordinator:
         with self.shielded():
             await self.pool.release(cast("PoolConnectionProxy[Any]", con))
 
+    def anchor(self) -> datetime | None:
+        """The database's time carried on this replica's clock (see :mod:`.dbtime`): with
+        ``clock_timestamp()``, the reference of every check for "in the database's future"."""
+        return self._time.at(self._clock.monotonic())
+
     async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
-        before = self._clock.now()
+        """Read the database's clock into the anchor, and warn of a replica clock off by more
+        than :data:`SKEW_WARNING` from it."""
+        clock = self._clock
+        before, started = clock.now(), clock.monotonic()
         server = await conn.fetchval("SELECT clock_timestamp()")
-        after = self._clock.now()
+        after, ended = clock.now(), clock.monotonic()
+        self._time.observe(server, started + (ended - started) / 2)
         local = before + (after - before) / 2
-        skew = abs((server - local).total_seconds())
+        reference = self.anchor() or server  # a clock that others moved on (advance) is not off
+        skew = abs((reference - local).total_seconds())
         if skew > SKEW_WARNING:
             logger.warning(
                 "this replica's clock differs from the database's by %.1f s; slots come "
@@ -464,12 +540,60 @@ class PostgresCoordinator:
                     await conn.execute(self.sql.reschedule, self.namespace, ids, successes, dues)
         return states
 
-    def _begin(self, job_id: str, budget: float) -> str:
-        key = lock_key(self.namespace, job_id)
-        return begin(key, _limit_ms(budget), transaction_timeout=self._transaction_timeout)
+    async def _begin(
+        self, conn: asyncpg.Connection[Any], key: int, budget: float, at: datetime
+    ) -> Begun:
+        statement = begin(
+            key,
+            _limit_ms(budget),
+            transaction_timeout=self._transaction_timeout,
+            at=at,
+            anchor=self.anchor(),
+        )
+        status = await conn.execute(statement)
+        return Begun(int(status.rsplit(" ", 1)[1]))
 
-    async def attempt(self, job_id: str, budget: float) -> _PgAttempt:
-        """BEGIN, set the timeouts, try the lock, and read the job's state under it."""
+    async def _take_over(
+        self, attempt: _PgAttempt, key: int, job_id: str, budget: float, at: datetime
+    ) -> Begun:
+        """The lock is held: roll back, and end the holder's session if it is past its bound
+        by :data:`STALE_GRACE` (a frozen replica whose handler switched the server-side
+        timeouts off), then try once more. The common path (the lock taken) never pays this."""
+        assert attempt._con is not None
+        conn = attempt._con
+        stale_ms = _limit_ms(budget) + int(STALE_GRACE * 1000)
+        status = await conn.execute(
+            "ROLLBACK; " + end_stale_holder(key, stale_ms, self._terminate_wait)
+        )
+        attempt._open = False
+        holder = Holder(int(status.rsplit(" ", 1)[1]))
+        if holder is Holder.REFUSED and not self._refused_warned:
+            self._refused_warned = True
+            logger.warning(
+                "%s: the replica holding the lock has held it for more than %.1f s, past its "
+                "server-side timeouts, and this role may not end its session: no replica can "
+                "run the job until it lets go. Run the replicas as one role, or GRANT "
+                "pg_signal_backend to this one",
+                job_id,
+                stale_ms / 1000,
+                extra={"job_id": job_id},
+            )
+        if holder is not Holder.ENDED:
+            return Begun.HELD
+        logger.warning(
+            "%s: ended the session of the replica holding the lock for more than %.1f s (its "
+            "handler had switched off the server-side timeouts, and it is frozen or stuck): "
+            "its writes are rolled back, and this replica runs the job",
+            job_id,
+            stale_ms / 1000,
+            extra={"job_id": job_id},
+        )
+        attempt._open = True
+        return await self._begin(conn, key, budget, at)
+
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> _PgAttempt:
+        """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
+        or the tick's start if later), try the lock, and read the job's state under it."""
         if not self.ready:
             await self.reconnect()
         try:
@@ -480,10 +604,15 @@ class PostgresCoordinator:
                 self._down(exc)
             raise
         attempt = _PgAttempt(self, job_id, conn, _limit_ms(budget))
+        key = lock_key(self.namespace, job_id)
         try:
-            status = await conn.execute(self._begin(job_id, budget))
+            begun = await self._begin(conn, key, budget, at)
             self._up()
-            if status != "SELECT 1":
+            if begun is Begun.HELD:
+                begun = await self._take_over(attempt, key, job_id, budget, at)
+            if begun is Begun.AHEAD:
+                raise self._ahead(at)
+            if begun is not Begun.ACQUIRED:
                 return attempt  # held by another replica: close() rolls back
             row = await conn.fetchrow(self.sql.state, self.namespace, job_id)
             assert row is not None  # the statement returns one row
@@ -499,6 +628,15 @@ class PostgresCoordinator:
                 self.lost(exc)
             await attempt.close()
             raise
+
+    def _ahead(self, at: datetime) -> ClockAhead:
+        anchor = self.anchor()
+        by = "" if anchor is None else f" by about {(at - anchor).total_seconds():.1f} s"
+        return ClockAhead(
+            f"this replica's clock runs ahead of the database's{by}: slot {at.isoformat()} "
+            f"would lie in the fleet's future, beyond the {FUTURE_LIMIT:g} s allowed; the "
+            "handler was not started. Synchronise the replica's clock (NTP)"
+        )
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
         """The fleet state of ``job_ids`` in one statement, and those whose lock is held,
@@ -543,6 +681,7 @@ class PostgresCoordinator:
                 None if result.error is None else storable(result.error),
                 result.manual,
                 next_due,
+                self.anchor(),
             )
 
     def classify(self, exc: BaseException) -> Outcome | None:
@@ -558,6 +697,16 @@ class PostgresCoordinator:
             if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:
                 return Outcome.ERROR
         return None
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database's answer (or its silence), which an operator can fix
+    while the app runs, rather than a DSN option asyncpg itself refuses."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return False
+    return isinstance(exc, (OSError, asyncpg.InterfaceError, asyncpg.PostgresError, _Ungranted))
 
 
 def _limit_ms(budget: float) -> int:

@@ -7,6 +7,8 @@ The schema name is validated as a plain identifier and always quoted.
 
 from __future__ import annotations
 
+import enum
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._coordination import FUTURE_LIMIT
@@ -144,8 +146,9 @@ class Statements:
     ``commit`` writes the watermark, the success and the run record in one statement, and only
     if the transaction is still the one that took the lock (``now()`` is its start, read under
     the lock), the server-side timeouts the tick set still hold, and the slot and end are not
-    more than ``FUTURE_LIMIT`` seconds in the database's future; it says which check failed,
-    and (``$13``: the handler used its connection) whether SQL prepared statements are left.
+    more than ``FUTURE_LIMIT`` seconds in the database's future (``$14``: the anchor of
+    :mod:`.dbtime`); it says which check failed, and (``$13``: the handler used its
+    connection) whether SQL prepared statements are left. ``failure``'s ``$11`` is the anchor.
     """
 
     def __init__(self, schema: str) -> None:
@@ -157,6 +160,20 @@ class Statements:
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
+        # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
+        tables = ", ".join(f"'{s}.{t}'" for t in ("jobs", "runs", "replicas"))
+        self.ungranted = f"""
+SELECT array_agg(what ORDER BY what) FROM (
+    SELECT format('table %s (%s)', replace(t, '"', ''), p) AS what
+    FROM unnest(ARRAY[{tables}]) AS t, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p
+    WHERE NOT has_table_privilege(t, p)
+    UNION ALL
+    SELECT format('table %s (SELECT)', replace('{s}.schema_version', '"', ''))
+    WHERE NOT has_table_privilege('{s}.schema_version', 'SELECT')
+    UNION ALL
+    SELECT format('sequence %s (USAGE)', q) FROM pg_get_serial_sequence('{s}.runs', 'id') AS q
+    WHERE NOT has_sequence_privilege(q, 'USAGE')
+) AS missing"""
         self.register = (
             f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
             "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
@@ -196,8 +213,8 @@ WITH guard AS (
             THEN current_setting('statement_timeout'){within}
                 AND current_setting('idle_in_transaction_session_timeout'){within}
             ELSE current_setting('transaction_timeout'){within} END AS bounded,
-        extract(epoch FROM greatest($3::timestamptz, $4::timestamptz) - clock_timestamp())
-            AS ahead
+        extract(epoch FROM greatest($3::timestamptz, $4::timestamptz)
+            - greatest(clock_timestamp(), $14::timestamptz)) AS ahead
 ), j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
         last_outcome, consecutive_failures, overdue_at, next_due, last_owner, updated_at)
@@ -268,7 +285,10 @@ FROM beat,
         )
         # A failure from a replica whose clock runs ahead is recorded, but it moves neither
         # the fixed delay nor the slot to retry: the healthy replicas go on running the job.
-        sane = f"$4::timestamptz <= clock_timestamp() + interval '{FUTURE_LIMIT:g} s'"
+        sane = (
+            "$4::timestamptz <= greatest(clock_timestamp(), $11::timestamptz) "
+            f"+ interval '{FUTURE_LIMIT:g} s'"
+        )
         self.failure = f"""
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
@@ -305,11 +325,48 @@ LEFTOVERS = f"; SELECT 1 WHERE {PREPARED}"
 """After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
 
 
-def begin(key: int, limit_ms: int, *, transaction_timeout: bool) -> str:
+class Begun(enum.IntEnum):
+    """What a tick's first query found, as the row count of its status tag (``SELECT n``)."""
+
+    HELD = 0
+    """Another session holds the job's lock."""
+    ACQUIRED = 1
+    """The lock is this tick's."""
+    AHEAD = 2
+    """The slot lies in the database's future: refused, the lock not tried."""
+
+
+class Holder(enum.IntEnum):
+    """What :func:`end_stale_holder` did, as the row count of its status tag."""
+
+    LIVE = 0
+    """No holder past its bound (or none at all any more)."""
+    ENDED = 1
+    """The holder was past its bound: its session was ended."""
+    REFUSED = 2
+    """The holder is past its bound, and this role may not end its session."""
+
+
+def timestamp(value: datetime) -> str:
+    """``value`` (aware) as a ``timestamptz`` literal: ticklock's own value, safe to inline."""
+    if value.utcoffset() is None:
+        raise ValueError(f"an aware datetime is needed, got {value!r}")
+    return f"'{value.isoformat()}'::timestamptz"
+
+
+def begin(
+    key: int, limit_ms: int, *, transaction_timeout: bool, at: datetime, anchor: datetime | None
+) -> str:
     """A tick's first query: BEGIN, the server-side timeouts (``transaction_timeout`` on
-    PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), and the
-    lock. Its status tag says whether the lock was taken: ``SELECT 1`` or ``SELECT 0`` (a held
-    lock raises no error, so the server logs nothing). ``key`` is an int: safe to inline."""
+    PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), the
+    future check and the lock. Its status tag is a :class:`Begun` (a held lock raises no
+    error, so the server logs nothing).
+
+    ``at`` (the slot, or the tick's start if later) more than ``FUTURE_LIMIT`` seconds beyond
+    ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`) is refused before the lock is
+    tried, and so before the handler could start. ``key`` is an int and the timestamps are
+    ticklock's own (:func:`timestamp`): safe to inline.
+    """
     if transaction_timeout:
         limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
     else:
@@ -317,4 +374,46 @@ def begin(key: int, limit_ms: int, *, transaction_timeout: bool) -> str:
             f"SET LOCAL statement_timeout = {limit_ms}; "
             f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
         )
-    return f"BEGIN; {limits}SELECT 1 WHERE pg_try_advisory_xact_lock({key})"
+    reference = "clock_timestamp()" if anchor is None else f"{timestamp(anchor)}, clock_timestamp()"
+    # OFFSET 0: the check is evaluated once, and before the lock is tried
+    return (
+        f"BEGIN; {limits}SELECT 1 FROM (SELECT {timestamp(at)} > greatest({reference}) + "
+        f"interval '{FUTURE_LIMIT:g} s' AS ahead OFFSET 0) AS c, generate_series(1, CASE "
+        f"WHEN c.ahead THEN {Begun.AHEAD:d} WHEN pg_try_advisory_xact_lock({key}) "
+        f"THEN {Begun.ACQUIRED:d} ELSE {Begun.HELD:d} END)"
+    )
+
+
+def end_stale_holder(key: int, stale_ms: int, wait_ms: int | None) -> str:
+    """End the session of the holder of lock ``key`` if its transaction began more than
+    ``stale_ms`` ago (its server-side bound, which its handler can switch off, plus a grace),
+    waiting up to ``wait_ms`` for it to go (``None``: PostgreSQL before 14, no wait). Its
+    status tag is a :class:`Holder`.
+
+    Only a session this role may end is ended, by the server's own rule (a member of the
+    holder's role or of ``pg_signal_backend``; a superuser for a superuser's session), so the
+    statement never fails on privileges. The holder is found through ``pg_locks``: an advisory
+    lock on an int8 key has the key's high and low 32 bits as ``classid`` and ``objid``, and
+    ``objsubid`` 1; ``pg_stat_activity.xact_start`` dates its transaction (a role sees it only
+    for sessions of roles it is a member of, or with ``pg_read_all_stats``).
+    """
+    hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
+    end = f"pg_terminate_backend(s.pid, {wait_ms})" if wait_ms else "pg_terminate_backend(s.pid)"
+    may = (
+        "(pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE')) "
+        "AND (NOT r.rolsuper OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user))"
+    )
+    # OFFSET 0: each holder is judged, then ended, once
+    return f"""SELECT 1 FROM generate_series(1, (
+    SELECT CASE WHEN bool_or(h.ended) THEN {Holder.ENDED:d}
+        WHEN count(*) > 0 AND NOT bool_or(h.may) THEN {Holder.REFUSED:d} ELSE {Holder.LIVE:d} END
+    FROM (SELECT s.may, CASE WHEN s.may THEN {end} ELSE false END AS ended
+        FROM (SELECT k.pid, {may} AS may
+            FROM pg_locks AS k JOIN pg_stat_activity AS a ON a.pid = k.pid
+            JOIN pg_roles AS r ON r.oid = a.usesysid
+            WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+                AND k.classid = {hi} AND k.objid = {lo} AND k.pid <> pg_backend_pid()
+                AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND a.xact_start < clock_timestamp() - interval '{stale_ms} ms'
+            OFFSET 0) AS s
+        OFFSET 0) AS h))"""
