@@ -717,5 +717,7 @@ async def test_a_dropped_table_is_created_again_by_the_next_ticks(
     async with scheduler:
         await pg_conn.execute(f"DROP TABLE {pg_schema}.runs")
         outcomes = [(await scheduler.run_now("x")).outcome for _ in range(3)]
-    assert outcomes[0] is Outcome.ERROR and outcomes[-1] is Outcome.SUCCESS, outcomes
+    # the first tick fails on the missing table, unless the heartbeat created it again first
+    assert outcomes[-1] is Outcome.SUCCESS, outcomes
+    assert set(outcomes) <= {Outcome.ERROR, Outcome.SUCCESS}, outcomes
     assert await count(pg_conn, f"SELECT count(*) FROM {pg_schema}.runs") >= 1
