@@ -32,9 +32,10 @@ import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from starlette.types import ASGIApp
 
-from ticklock import SchedulerStateError
+from ticklock import ScheduleError, Scheduler, SchedulerStateError
 from ticklock._dashboard import create_app
 from ticklock._dashboard.chart import duration_chart, seconds_label
+from ticklock._dashboard.hosts import for_bind_address, host_name
 from ticklock._fleet import JobRecord, JobState, Replica, RunRecord
 
 UTC = timezone.utc
@@ -59,6 +60,7 @@ class MemoryFleet:
         self._replicas = list(replicas)
         self.calls: list[tuple[str, str]] = []
         self.limits: list[int] = []
+        self.max_texts: list[int | None] = []
         self.fail: Exception | None = None
 
     def _known(self, job_id: str) -> JobRecord:
@@ -71,9 +73,12 @@ class MemoryFleet:
             raise self.fail
         return sorted(self._jobs.values(), key=lambda job: job.job_id)
 
-    async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
         self._known(job_id)
         self.limits.append(limit)
+        self.max_texts.append(max_text)
         runs = [run for run in self._runs if run.job_id == job_id]
         return sorted(runs, key=lambda run: run.started_at, reverse=True)[:limit]
 
@@ -588,6 +593,139 @@ def test_actions_need_the_csrf_token_and_the_same_origin() -> None:
     assert fleet.calls == [("pause", "late"), ("trigger", "late"), ("resume", "held")]
 
 
+def test_a_dns_rebinding_post_naming_another_host_is_refused_by_default() -> None:
+    # What a page of evil.example sends once its name resolves to 127.0.0.1: to the browser it
+    # is the same origin, so it reads the page (token and cookie) and posts with both headers.
+    fleet = sample_fleet()
+    with serve(create_app(fleet, actions=True)) as base:
+        port = base.rsplit(":", 1)[1]
+        evil = f"evil.example:{port}"
+        page = call(base + "/jobs/late", Host=evil)
+        cookie, token = token_of(page)
+        jar = f"ticklock_csrf={cookie}"
+        form = {"csrf": token}
+        rebound = call(
+            base + "/jobs/late/pause", form, Host=evil, Origin=f"http://{evil}", Cookie=jar
+        )
+        no_host = call(base + "/jobs/late/pause", form, Host="", Origin=base, Cookie=jar)
+        accepted = {
+            host: call(
+                base + "/jobs/late/trigger", form, Host=host, Origin=f"http://{host}", Cookie=jar
+            ).status
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}")
+        }
+    assert page.status == 200  # pages stay readable: the host app decides who reaches them
+    assert rebound.status == 403 and no_host.status == 403
+    assert "takes actions only for localhost (Host &#39;evil.example&#39;)" in rebound.body
+    assert "allowed_hosts=" in rebound.body
+    assert accepted == dict.fromkeys(accepted, 303)
+    assert fleet.calls == [("trigger", "late")] * 3
+
+
+def test_with_allowed_hosts_every_answer_for_another_host_is_a_403() -> None:
+    fleet = sample_fleet()
+    app = create_app(fleet, actions=True, allowed_hosts=["OPS.example.com", "*.internal.example"])
+    with serve(app) as base:
+        port = base.rsplit(":", 1)[1]
+
+        def get(path: str, host: str) -> Answer:
+            return call(base + path, Host=f"{host}:{port}")
+
+        ops = get("/jobs/late", "ops.example.com")
+        cookie, token = token_of(ops)
+        jar = f"ticklock_csrf={cookie}"
+        served = {
+            host: get("/", host).status
+            for host in ("ops.example.com", "Ops.Example.COM.", "a.b.internal.example")
+        }
+        refused = {
+            (path, host): get(path, host)
+            for path in ("/", "/jobs/late", "/api/jobs", "/health", "/style.css")
+            for host in ("127.0.0.1", "evil.example", "internal.example", "ops.example.com.evil")
+        }
+        rebound = call(
+            base + "/jobs/late/pause",
+            {"csrf": token},
+            Host=f"evil.example:{port}",
+            Origin=f"http://evil.example:{port}",
+            Cookie=jar,
+        )
+        origin = f"http://ops.example.com:{port}"
+        paused = call(
+            base + "/jobs/late/pause",
+            {"csrf": token},
+            Host=f"ops.example.com:{port}",
+            Origin=origin,
+            Cookie=jar,
+        )
+    assert served == dict.fromkeys(served, 200)
+    for (path, host), answer in refused.items():
+        assert answer.status == 403, (path, host)
+        assert "not in its allowed hosts" in answer.body, (path, host)
+    assert refused["/api/jobs", "evil.example"].json()["ok"] is False
+    assert rebound.status == 403 and paused.status == 303
+    assert fleet.calls == [("pause", "late")]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        pytest.param(
+            "ops.example.com",
+            r"^allowed_hosts must be a list of host names, got 'ops.example.com'$",
+            id="a_bare_string",
+        ),
+        pytest.param(
+            [],
+            r"^allowed_hosts is empty, which would refuse every request; leave it None for the "
+            r"default \(actions from localhost only\)$",
+            id="empty",
+        ),
+        pytest.param(
+            ["https://ops.example.com"],
+            r"^allowed_hosts: 'https://ops.example.com' is not a host name: give it without "
+            r"scheme, port or path, e.g. 'ops.example.com'$",
+            id="a_url",
+        ),
+        pytest.param(
+            ["ops.example.com:8080"],
+            r"^allowed_hosts: 'ops.example.com:8080' is not a host name: give it without "
+            r"scheme, port or path, e.g. 'ops.example.com'$",
+            id="a_port",
+        ),
+        pytest.param(
+            ["ops*.example.com"],
+            r"^allowed_hosts: 'ops\*.example.com': a wildcard is '\*' or a domain like "
+            r"'\*.example.com'$",
+            id="a_wildcard_inside",
+        ),
+        pytest.param([""], r"^allowed_hosts: '' is not a host name$", id="blank"),
+        pytest.param([None], r"^allowed_hosts: None is not a host name$", id="not_a_string"),
+    ],
+)
+def test_bad_allowed_hosts_are_a_schedule_error_naming_the_field(hosts: Any, message: str) -> None:
+    with pytest.raises(ScheduleError, match=message) as caught:
+        Scheduler().dashboard(actions=True, allowed_hosts=hosts)
+    assert caught.value.field == "allowed_hosts"
+
+
+def test_ipv6_and_loopback_hosts_are_parsed_and_the_cli_default_is_its_bind_address() -> None:
+    assert [host_name(h) for h in ("[::1]:8080", "[::1]", "Example.COM.:80", "a:b", "", None)] == [
+        "::1",
+        "::1",
+        "example.com",
+        None,
+        None,
+        None,
+    ]
+    assert host_name("[::1]x") is None
+    assert for_bind_address("127.0.0.1") == ("127.0.0.1", "localhost", "::1")
+    assert for_bind_address("::1") == ("::1", "localhost", "127.0.0.1")
+    assert for_bind_address("10.1.2.3") == ("10.1.2.3",)
+    assert for_bind_address("0.0.0.0") is None and for_bind_address("::") is None
+    assert create_app(sample_fleet(), allowed_hosts=["[::1]"]) is not None
+
+
 def test_the_forms_show_pause_or_resume_and_trigger_only_for_declared_jobs() -> None:
     with serve(create_app(sample_fleet(), actions=True)) as base:
         index = call(base + "/")
@@ -831,7 +969,7 @@ def test_behind_a_tls_terminating_proxy_actions_work_and_the_cookie_is_secure() 
     # uvicorn trusts X-Forwarded-Proto from 127.0.0.1 by default; the proxy passes Host on
     fleet = sample_fleet()
     proxy = {"Host": "ops.example.com", "X_Forwarded_Proto": "https"}
-    with serve(create_app(fleet, actions=True)) as base:
+    with serve(create_app(fleet, actions=True, allowed_hosts=["ops.example.com"])) as base:
         page = call(base + "/jobs/late", **proxy)
         cookie, token = token_of(page)
         jar = f"ticklock_csrf={cookie}"

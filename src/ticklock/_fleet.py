@@ -105,8 +105,12 @@ class Fleet(Protocol):
         """Every job of the namespace, by id."""
         ...
 
-    async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
-        """The job's last ``limit`` runs, newest first."""
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first. With ``max_text``, a report whose JSON
+        text or an error longer than that many characters comes cut, as where it is recorded
+        (for a display that shows less)."""
         ...
 
     async def replicas(self) -> list[Replica]:

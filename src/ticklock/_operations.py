@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ._caps import cut_text, shorten_report
 from ._clock import Clock
 from ._coordination import Coordinator, FleetState, LocalCoordinator
 from ._errors import SchedulerStateError
@@ -95,13 +96,16 @@ class SchedulerFleet:
             )
         return records
 
-    async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
-        """The job's last ``limit`` runs, newest first (in local mode, of the last 100)."""
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first (in local mode, of the last 100);
+        ``max_text`` as in :meth:`Fleet.history <ticklock._fleet.Fleet.history>`."""
         if (fleet := self._fleet()) is not None:
-            return await fleet.history(job_id, limit)
+            return await fleet.history(job_id, limit, max_text=max_text)
         self._known(job_id)
         runs = list(self._local().history.get(job_id, ()))[::-1][:limit]
-        return [_record(run) for run in runs]
+        return [_record(run, max_text) for run in runs]
 
     async def replicas(self) -> list[Replica]:
         """The live replicas (in local mode, this process while it runs)."""
@@ -176,7 +180,11 @@ def _state(job: Job | None, health: JobHealth | None) -> JobState:
     return JobState.OK
 
 
-def _record(run: RunResult) -> RunRecord:
+def _record(run: RunResult, max_text: int | None) -> RunRecord:
+    report, error = run.report, run.error
+    if max_text is not None:  # what the runner kept is within the caps already
+        report = shorten_report(report, max_text)
+        error = None if error is None else cut_text(error, len(error), max_text)
     return RunRecord(
         job_id=run.job_id,
         slot=run.slot,
@@ -184,7 +192,7 @@ def _record(run: RunResult) -> RunRecord:
         finished_at=run.finished_at,
         outcome=run.outcome.value,
         owner=run.owner,
-        report=run.report,
-        error=run.error,
+        report=report,
+        error=error,
         manual=run.manual,
     )

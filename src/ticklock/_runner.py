@@ -8,7 +8,6 @@ rolled back and recorded as ``cancelled``.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,6 +17,7 @@ import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import _plan
+from ._caps import bound_error, bound_report, report_text
 from ._clock import Clock
 from ._coordination import Attempt, Coordinator, FleetState
 from ._dispatcher import Dispatcher, watch
@@ -57,16 +57,17 @@ def _cancel_requested() -> bool:
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash
 
 
-def _check_report(report: Any) -> None:
-    """Raise ``TypeError`` or ``ValueError`` unless PostgreSQL's ``jsonb`` can store ``report``
-    (in local mode too, so that a job behaves the same in both)."""
-    text = json.dumps(report, allow_nan=False, ensure_ascii=False)
+def _check_report(report: Any) -> str:
+    """``report``'s JSON text; ``TypeError`` or ``ValueError`` unless PostgreSQL's ``jsonb`` can
+    store it (in local mode too, so that a job behaves the same in both)."""
+    text = report_text(report)
     if _NUL.search(text):
         raise ValueError("a string holds a NUL character, which jsonb cannot store")
     try:
         text.encode()
     except UnicodeEncodeError:
         raise ValueError("a string holds an unpaired surrogate, which jsonb cannot store") from None
+    return text
 
 
 class Runner:
@@ -226,8 +227,7 @@ class Runner:
             return
         run.finished_at = self.clock.now()
         try:
-            if report is not None:
-                _check_report(report)
+            text = None if report is None else _check_report(report)
         except (TypeError, ValueError, RecursionError) as exc:
             run.fail(
                 Outcome.FAILURE,
@@ -237,11 +237,13 @@ class Runner:
                 "and None",
             )
             return
-        run.report = report
+        # cut here, once, so that both modes record, log and return the same bounded report
+        run.report = None if text is None else bound_report(report, text, job.id, run.slot)
         run.outcome = Outcome.SUCCESS
 
     def _result(self, job: Job, run: _Run, started: datetime) -> RunResult:
         assert run.outcome is not None
+        run.error = bound_error(run.error, job.id, run.slot)  # once: a cut error fits
         return RunResult(
             job_id=job.id,
             outcome=run.outcome,

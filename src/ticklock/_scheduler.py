@@ -6,7 +6,7 @@ import contextlib
 import os
 import random as _random
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
@@ -761,13 +761,18 @@ class Scheduler:
         that no live replica runs (unknown, or ``enabled=False``)."""
         return await self._fleet.trigger(id)
 
-    def dashboard(self, *, actions: bool = False) -> Starlette:
+    def dashboard(
+        self, *, actions: bool = False, allowed_hosts: Iterable[str] | None = None
+    ) -> Starlette:
         """An ASGI app showing this scheduler's jobs, their history and the live replicas:
         ``app.mount("/ticklock", scheduler.dashboard())``. ``actions=True`` adds pause,
-        resume and trigger buttons (POST, with a CSRF token). Needs ``ticklock[dashboard]``."""
+        resume and trigger buttons (POST, with a CSRF token). ``allowed_hosts`` lists the
+        host names the dashboard answers (``"ops.example.com"``, ``"*.example.com"``, ``"*"``);
+        without it pages answer any host and actions only ``localhost``. Needs
+        ``ticklock[dashboard]``."""
         from ._dashboard import create_app
 
-        return create_app(self._fleet, actions=actions)
+        return create_app(self._fleet, actions=actions, allowed_hosts=allowed_hosts)
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
         """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""

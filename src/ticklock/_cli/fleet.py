@@ -175,7 +175,9 @@ async def history(args: argparse.Namespace) -> int:
         raise CommandError(f"--limit must be at least 1, got {args.limit}")
     async with _fleet(args) as fleet:
         try:
-            runs = await fleet.history(args.job, args.limit)
+            # the table prints 60 characters of each: read no more than a little over that
+            cut = None if args.json else 200
+            runs = await fleet.history(args.job, args.limit, max_text=cut)
         except KeyError as exc:
             return _refused(exc)
     if args.json:
@@ -277,6 +279,7 @@ async def dashboard(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .._dashboard import create_app
+        from .._dashboard.hosts import for_bind_address, patterns
     except ImportError as exc:
         raise CommandError(
             f"the dashboard needs its extra: pip install 'ticklock[dashboard]' ({exc})"
@@ -284,16 +287,22 @@ async def dashboard(args: argparse.Namespace) -> int:
     from .._postgres.connection import Pooler, create_pool
     from .._postgres.fleet import from_pool
 
+    # By default only the address it listens on: a page of another name that resolves to it
+    # (DNS rebinding) is refused. An address of every interface names no host: then pages
+    # answer any host and actions localhost only, as a mounted dashboard's.
+    allowed = patterns(args.allowed_hosts) or for_bind_address(args.host)  # before connecting
     pool = await create_pool(args.dsn, Pooler())
     try:
         fleet = PostgresFleet(from_pool(pool), schema=args.schema, namespace=args.namespace)
-        app = create_app(fleet, actions=args.actions)
+        app = create_app(fleet, actions=args.actions, allowed_hosts=allowed)
         config = uvicorn.Config(
             app, host=args.host, port=args.port, root_path=args.root_path, log_level="warning"
         )
+        answers = "any host, actions for localhost only" if allowed is None else ", ".join(allowed)
         print(
             f"ticklock: dashboard of namespace {args.namespace!r} on "
-            f"http://{args.host}:{args.port}/ ({'with' if args.actions else 'no'} actions)",
+            f"http://{args.host}:{args.port}/ ({'with' if args.actions else 'no'} actions; "
+            f"answers Host: {answers})",
             flush=True,
         )
         await uvicorn.Server(config).serve()

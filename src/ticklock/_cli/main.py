@@ -91,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     dashboard.add_argument(
         "--root-path", default="", help="the path prefix a reverse proxy strips (e.g. /ticklock)"
     )
+    dashboard.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        metavar="NAME",
+        help="a host name the dashboard answers (repeatable; '*.example.com' for a domain); "
+        "default: the --host address",
+    )
     return parser
 
 

@@ -1,8 +1,11 @@
 """The dashboard: a small Starlette app over a :class:`~ticklock._fleet.Fleet`.
 
 HTML pages (Jinja2, autoescaped; no JavaScript), the same data as JSON, ``/health`` for probes,
-and, only when enabled, POST actions protected by a double-submit CSRF token and a same-origin
-check. Every link is built with ``request.url_for``, so the app works mounted under a prefix.
+and, only when enabled, POST actions protected by an allowed ``Host`` (:mod:`.hosts`), a
+double-submit CSRF token and a same-origin check. Every link is built with ``request.url_for``,
+so the app works mounted under a prefix. Every answer is bounded: a run's report and error are
+read and shown cut to :data:`MAX_TEXT` characters, a job's last error in a tooltip to
+:data:`TOOLTIP`, and a history to :data:`MAX_LIMIT` runs.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,8 +31,10 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._caps import cut_text
 from .._errors import describe
 from .._fleet import Fleet, JobRecord, JobState, Replica, RunRecord
+from . import hosts
 from .chart import duration_chart, seconds_label
 
 logger = logging.getLogger("ticklock")
@@ -39,6 +44,10 @@ CSRF_COOKIE = "ticklock_csrf"
 CSRF_FIELD = "csrf"
 ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}  # action: its note
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
+MAX_TEXT = 500
+"""Characters of a run's report (as JSON) or error that a page or a JSON answer holds; a longer
+report comes as the marker object ``{"cut_by_ticklock": true, ...}``."""
+TOOLTIP = 500  # characters of a job's last error in the jobs page's tooltip
 MAX_FORM_BYTES = 4096
 UNHEALTHY = (JobState.OVERDUE, JobState.FUTURE)
 SECURITY_HEADERS = {
@@ -64,15 +73,25 @@ class _Problem(Exception):
         self.status, self.message = status, message
 
 
-def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None) -> Starlette:
+def create_app(
+    fleet: Fleet,
+    *,
+    actions: bool = False,
+    title: str | None = None,
+    allowed_hosts: Iterable[str] | None = None,
+) -> Starlette:
     """An ASGI app showing ``fleet``'s jobs, their run history and the live replicas.
 
     Read-only unless ``actions`` is true, which adds Pause, Resume and Trigger buttons (POST,
-    with a CSRF token and a same-origin check). ``title`` defaults to ``ticklock · <namespace>``.
-    Mount it in an application, or serve it on its own::
+    with a CSRF token and a same-origin check). ``allowed_hosts`` (names, ``*.example.com``,
+    ``*``) is what the request's ``Host`` must name for any answer; by default pages answer
+    any host and actions only ``localhost``, ``127.0.0.1`` and ``::1``. ``title`` defaults to
+    ``ticklock · <namespace>``. Mount it in an application, or serve it on its own::
 
-        app.mount("/ticklock", create_app(fleet))
+        app.mount("/ticklock", create_app(fleet, allowed_hosts=["ops.example.com"]))
     """
+    trusted = hosts.patterns(allowed_hosts)
+    acting = trusted if trusted is not None else hosts.LOOPBACK
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
@@ -80,8 +99,10 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=_when, ago=_ago, seconds=seconds_label, json=_json_text)
-    env.globals.update(title=title or f"ticklock · {fleet.namespace}", actions=actions)
+    env.filters.update(when=_when, ago=_ago, seconds=seconds_label, json=_json_text, cut=_cut)
+    env.globals.update(
+        title=title or f"ticklock · {fleet.namespace}", actions=actions, tooltip=TOOLTIP
+    )
     stylesheet = (TEMPLATES / "style.css").read_text()
 
     async def ask(call: Callable[[], Awaitable[T]], job_id: str | None = None) -> T:
@@ -123,7 +144,7 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
         record = next((j for j in await ask(fleet.jobs) if j.job_id == job_id), None)
         if record is None:
             raise _Problem(404, f"unknown job: {job_id}")
-        runs = await ask(lambda: fleet.history(job_id, limit), job_id)
+        runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
         context: dict[str, Any] = {
             "job": record,
             "runs": runs,
@@ -140,6 +161,9 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
             raise _Problem(404, f"no such action: {action}")
         if not actions:
             raise _Problem(403, "actions are disabled on this dashboard")
+        host = hosts.host_name(request.headers.get("host"))
+        if not hosts.allowed(host, acting):
+            raise _Problem(403, _foreign(host, "take actions", trusted is None))
         if not _same_origin(request):
             raise _Problem(403, "refused: the request does not come from this dashboard's origin")
         form = await _form(request)
@@ -163,7 +187,7 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
     async def api_runs(request: Request) -> Response:
         job_id: str = request.path_params["job_id"]
         limit = _limit(request)
-        runs = await ask(lambda: fleet.history(job_id, limit), job_id)
+        runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
         return _json({"job_id": job_id, "runs": [_run_json(r) for r in runs]})
 
     async def api_replicas(request: Request) -> Response:
@@ -212,15 +236,26 @@ def create_app(fleet: Fleet, *, actions: bool = False, title: str | None = None)
             response.headers.setdefault(name, value)
         return response
 
+    def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Any:
+        """``endpoint``, answering 403 to a ``Host`` outside ``allowed_hosts`` (when given)."""
+
+        async def checked(request: Request) -> Response:
+            host = hosts.host_name(request.headers.get("host"))
+            if trusted is not None and not hosts.allowed(host, trusted):
+                raise _Problem(403, _foreign(host, "answer", False))
+            return await endpoint(request)
+
+        return checked
+
     routes = [
-        Route("/", index, name="index"),
-        Route("/style.css", style, name="style"),
-        Route("/health", health, name="health"),
-        Route("/api/jobs", api_jobs, name="api_jobs"),
-        Route("/api/jobs/{job_id:path}/runs", api_runs, name="api_runs"),
-        Route("/api/replicas", api_replicas, name="api_replicas"),
-        Route("/jobs/{job_id:path}/{action}", act, methods=["POST"], name="action"),
-        Route("/jobs/{job_id:path}", job, name="job"),
+        Route("/", guarded(index), name="index"),
+        Route("/style.css", guarded(style), name="style"),
+        Route("/health", guarded(health), name="health"),
+        Route("/api/jobs", guarded(api_jobs), name="api_jobs"),
+        Route("/api/jobs/{job_id:path}/runs", guarded(api_runs), name="api_runs"),
+        Route("/api/replicas", guarded(api_replicas), name="api_replicas"),
+        Route("/jobs/{job_id:path}/{action}", guarded(act), methods=["POST"], name="action"),
+        Route("/jobs/{job_id:path}", guarded(job), name="job"),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         _Problem: problem,
@@ -297,6 +332,20 @@ class _Headers:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+def _foreign(host: str | None, what: str, default: bool) -> str:
+    """Why a request for a ``Host`` the dashboard does not know as its own is refused."""
+    named = "no valid Host header" if host is None else f"Host {cut_text(host, len(host), 100)!r}"
+    if default:
+        return (
+            f"refused: this dashboard takes actions only for localhost ({named}); if that is "
+            "its real name, name it in allowed_hosts= (ticklock dashboard: --allowed-host)"
+        )
+    return (
+        f"refused: this dashboard does not {what} for {named}, which is not in its allowed "
+        "hosts (allowed_hosts=, or ticklock dashboard --allowed-host)"
+    )
 
 
 def _csrf_token(request: Request) -> str:
@@ -425,6 +474,11 @@ def _json(body: Any, status: int = 200) -> Response:
     """JSON, with anything JSON cannot hold (a report of an in-process fleet) as its ``str``."""
     text = json.dumps(body, ensure_ascii=False, default=str)
     return Response(text, status_code=status, media_type="application/json")
+
+
+def _cut(text: str | None, limit: int) -> str:
+    """``text`` in at most ``limit`` characters (``""`` for none), marked where it is cut."""
+    return "" if text is None else cut_text(text, len(text), limit)
 
 
 def _json_text(value: Any) -> str:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import anyio
 
+from .._caps import ERROR_LIMIT, cut_text
 from .._clock import Clock
 from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState
 from .._errors import (
@@ -715,11 +716,12 @@ def _limit_ms(budget: float) -> int:
 
 
 def storable(text: str) -> str:
-    """``text`` as PostgreSQL can store it: NUL and unpaired surrogates escaped."""
+    """``text`` as PostgreSQL can store it: NUL and unpaired surrogates escaped, and still
+    within :data:`~ticklock._caps.ERROR_LIMIT` once escaped."""
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
     try:
         text.encode()
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode()
-    return text
+    return cut_text(text, len(text), ERROR_LIMIT)

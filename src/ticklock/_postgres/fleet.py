@@ -14,6 +14,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from .._caps import (
+    ERROR_LIMIT,
+    HEAD,
+    MARKER_KEY,
+    MARKER_MAX,
+    REPORT_LIMIT,
+    cut_text,
+    report_marker,
+)
 from .._coordination import FUTURE_LIMIT
 from .._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
 from .._lock_key import lock_key
@@ -77,7 +86,9 @@ WITH live AS ({live}), declared AS (
     FROM prints AS p JOIN ruling AS r USING (job_id) WHERE p.fp <> r.fp GROUP BY p.job_id
 )
 SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
-    coalesce(j.consecutive_failures, 0) AS consecutive_failures, j.last_error, j.last_owner,
+    coalesce(j.consecutive_failures, 0) AS consecutive_failures,
+    left(j.last_error, {ERROR_LIMIT}) AS last_error, length(j.last_error) AS error_length,
+    j.last_owner,
     j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue,
     coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
         AS future,
@@ -85,10 +96,18 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     (SELECT owners FROM otherwise AS o WHERE o.job_id = job_id) AS otherwise
 FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
 ORDER BY job_id"""
+        # Reads at most $4 characters of a report and $5 of an error per run (rows recorded
+        # before the caps, or a display's shorter bound): a longer report comes as its marker,
+        # and a marker as it is.
         self._history = (
-            "SELECT job_id, slot, started_at, finished_at, outcome, owner, report::text, error, "
-            f"manual FROM {s}.runs WHERE namespace = $1 AND job_id = $2 "
-            "ORDER BY finished_at DESC, id DESC LIMIT $3"
+            "SELECT job_id, slot, started_at, finished_at, outcome, owner, "
+            "CASE WHEN length(r.t) <= $4 OR (length(r.t) <= "
+            f"{MARKER_MAX} AND jsonb_typeof(report) = 'object' AND report ? '{MARKER_KEY}') "
+            "THEN r.t END AS report, length(r.t) AS report_length, "
+            f"left(r.t, {HEAD}) AS report_head, left(error, $5) AS error, "
+            "length(error) AS error_length, manual "
+            f"FROM {s}.runs, LATERAL (SELECT report::text AS t) AS r "
+            "WHERE namespace = $1 AND job_id = $2 ORDER BY finished_at DESC, id DESC LIMIT $3"
         )
         self._namespaces = f"SELECT DISTINCT namespace FROM {s}.jobs ORDER BY namespace"
         self._exists = f"SELECT EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2)"
@@ -137,7 +156,7 @@ ORDER BY job_id"""
                 last_outcome=row["last_outcome"],
                 next_due=row["next_due"],
                 consecutive_failures=row["consecutive_failures"],
-                last_error=row["last_error"],
+                last_error=_error(row, "last_error", ERROR_LIMIT),
                 last_owner=row["last_owner"],
                 paused_at=row["paused_at"],
                 trigger_at=row["trigger_at"],
@@ -152,10 +171,17 @@ ORDER BY job_id"""
             rows = await conn.fetch(self._namespaces)
         return [row[0] for row in rows]
 
-    async def history(self, job_id: str, limit: int = 100) -> list[RunRecord]:
-        """The job's last ``limit`` runs, newest first."""
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first; with ``max_text``, no report or error
+        longer than that (see :meth:`Fleet.history <ticklock._fleet.Fleet.history>`)."""
+        report_limit = REPORT_LIMIT if max_text is None else min(max_text, REPORT_LIMIT)
+        error_limit = ERROR_LIMIT if max_text is None else min(max_text, ERROR_LIMIT)
         async with self._acquire() as conn:
-            rows = await conn.fetch(self._history, self.namespace, job_id, limit)
+            rows = await conn.fetch(
+                self._history, self.namespace, job_id, limit, report_limit, error_limit
+            )
             if not rows and not await conn.fetchval(self._exists, self.namespace, job_id):
                 raise self._unknown(job_id)
         return [
@@ -166,8 +192,8 @@ ORDER BY job_id"""
                 finished_at=row["finished_at"],
                 outcome=row["outcome"],
                 owner=row["owner"],
-                report=None if row["report"] is None else json.loads(row["report"]),
-                error=row["error"],
+                report=_report(row),
+                error=_error(row, "error", error_limit),
                 manual=row["manual"],
             )
             for row in rows
@@ -238,6 +264,21 @@ ORDER BY job_id"""
 
     def _unknown(self, job_id: str) -> KeyError:
         return KeyError(f"no job {job_id!r} in namespace {self.namespace!r}")
+
+
+def _report(row: asyncpg.Record) -> Any:
+    """A run's report as read: the stored value, or the marker of one over the read bound."""
+    if row["report"] is not None:
+        return json.loads(row["report"])
+    if row["report_length"] is None:
+        return None  # the run has no report
+    return report_marker(row["report_head"], row["report_length"])
+
+
+def _error(row: asyncpg.Record, column: str, limit: int) -> str | None:
+    """An error text as read (its first ``limit`` characters and its length), cut if longer."""
+    error: str | None = row[column]
+    return None if error is None else cut_text(error, row["error_length"], limit)
 
 
 def _state(row: asyncpg.Record) -> JobState:
