@@ -296,6 +296,21 @@ def test_the_index_lists_every_job_with_its_state_and_the_live_replicas() -> Non
     assert 'href="/style.css"' in page.body and "<script" not in page.body
 
 
+def test_the_index_names_replicas_that_declare_a_job_otherwise_and_those_that_gave_it_up() -> None:
+    fleet = MemoryFleet(
+        [job("sync", declared_otherwise=("web-1", HOSTILE), last_owner="web-3")],
+        replicas=[Replica("web-3", NOW, NOW, ("sync",), failing=("sync",))],
+    )
+    with serve(create_app(fleet)) as base:
+        page = call(base + "/")
+        api = call(base + "/api/jobs")
+        live = call(base + "/api/replicas")
+    assert f'<span class="warn">declared otherwise by web-1, {ESCAPED}</span>' in page.body
+    assert re.search(r'<td class="id">web-3</td>.*?<td class="error">sync</td>', page.body, re.S)
+    assert api.json()["jobs"][0]["declared_otherwise"] == ["web-1", HOSTILE]
+    assert live.json()["replicas"][0]["failing"] == ["sync"]
+
+
 def test_every_answer_carries_the_security_headers() -> None:
     with serve(create_app(sample_fleet())) as base:
         answers = [
@@ -418,6 +433,7 @@ def test_the_json_api_gives_the_same_data_with_iso_datetimes_and_state_strings()
         "consecutive_failures",
         "last_error",
         "last_owner",
+        "declared_otherwise",
         "paused_at",
         "trigger_at",
     }

@@ -441,6 +441,7 @@ def _job_json(job: JobRecord) -> dict[str, Any]:
         "consecutive_failures": job.consecutive_failures,
         "last_error": job.last_error,
         "last_owner": job.last_owner,
+        "declared_otherwise": list(job.declared_otherwise),
         "paused_at": _iso(job.paused_at),
         "trigger_at": _iso(job.trigger_at),
     }
@@ -467,6 +468,7 @@ def _replica_json(replica: Replica) -> dict[str, Any]:
         "started_at": _iso(replica.started_at),
         "seen_at": _iso(replica.seen_at),
         "jobs": list(replica.jobs),
+        "failing": list(replica.failing),
     }
 
 
