@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -175,21 +177,34 @@ def test_a_real_process_exits_2_without_a_traceback(app_dir: Path, argv: list[st
 
 
 @pytest.mark.postgres
-def test_run_on_a_database_that_does_not_exist_is_one_line_and_exit_2(
-    app_dir: Path, pg_dsn: str
+def test_run_on_a_database_that_does_not_exist_keeps_running_and_names_the_fix(
+    app_dir: Path, pg_dsn: str, tmp_path: Path
 ) -> None:
+    # an operator can create the database while the sidecar runs: it waits for it (G6)
     missing = pg_dsn.rsplit("/", 1)[0] + "/cli_no_such_db"
-    out = subprocess.run(
-        [sys.executable, "-m", "ticklock", "run", "cli_app:scheduler", "--dsn", missing],
-        cwd=app_dir,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2, out.stderr
-    assert "Traceback" not in out.stderr
-    lines = out.stderr.splitlines()
-    assert len(lines) == 1 and 'database "cli_no_such_db" does not exist' in lines[0], lines
+    err = tmp_path / "stderr"
+    with err.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ticklock", "run", "cli_app:scheduler", "--dsn", missing],
+            cwd=app_dir,
+            stderr=out,
+            stdout=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while 'database "cli_no_such_db" does not exist' not in err.read_text():
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        assert proc.poll() is None  # still running, retrying
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert "Traceback" not in text
+    assert "ERROR" in text and "create the database" in text, text
 
 
 # -- what the commands print ------------------------------------------------------------------
