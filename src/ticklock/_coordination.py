@@ -117,10 +117,15 @@ class Attempt(Protocol):
 class Coordinator(Protocol):
     """Where the fleet's state lives and how a tick excludes the others."""
 
-    ready: bool
-    """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
-    problem: str | None
-    """Why coordination does not work now (its error and the fix), ``None`` when it does."""
+    @property
+    def ready(self) -> bool:
+        """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
+        ...
+
+    @property
+    def problem(self) -> str | None:
+        """Why coordination does not work now (its error and the fix), ``None`` when it does."""
+        ...
 
     async def open(self) -> None:
         """Connect and prepare (PostgreSQL: create the pool, migrate); a database that does

@@ -55,7 +55,7 @@ from .sql import migrate
 if TYPE_CHECKING:
     import asyncpg
 
-    from .coordinator import PostgresCoordinator
+    from .database import Database
 
 logger = logging.getLogger("ticklock")
 
@@ -89,7 +89,7 @@ class Watch:
 
     def __init__(
         self,
-        coordinator: PostgresCoordinator,
+        coordinator: Database,
         dsn: str | None,
         clock: Clock,
         owner: str,

@@ -1,0 +1,306 @@
+"""The database's readiness for PostgreSQL mode: the pool, the migration, the backoff while the
+database does not answer, the errors an operator fixes (explained), the session reset, and the
+replica clock checked against the database's.
+
+Nothing the database answers at start-up stops the scheduler: down or restarting (a WARNING),
+or refusing it in a way an operator fixes while the app runs (not accepting connections, a
+missing database or role, a missing grant: an ERROR naming the fix). :attr:`Database.ready`
+stays false, :attr:`Database.problem` says why, ticks end as ``error``, and
+:meth:`Database.connect` retries with backoff until it works. Only a DSN option asyncpg
+refuses, or any of these with ``require_database=True``, raises :class:`StartupError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from random import Random
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+
+from .._clock import Clock
+from .._coordination import FUTURE_LIMIT
+from .._errors import DatabaseUnavailable, SlotAlreadyCommitted, StartupError, describe
+from .._job import Outcome
+from .connection import Pooler, create_pool
+from .dbtime import database_time
+from .sql import RESET, Statements, migrate
+
+if TYPE_CHECKING:
+    import asyncpg
+    from asyncpg.pool import PoolConnectionProxy
+
+logger = logging.getLogger("ticklock")
+
+SKEW_WARNING = 1.0
+"""A replica clock further than this from the database's logs a WARNING at start."""
+CLEANUP_SECONDS = 5.0
+"""How long cleanup (commit, rollback, release, failure record) may take, shielded."""
+RETRY_FIRST, RETRY_MAX = 0.5, 30.0
+"""Seconds between attempts to reach a database that did not answer at start-up: the first
+wait, doubling up to the cap (each drawn between half and all of it)."""
+TERMINATE_WAIT_MS = 1000
+"""How long a replica that ends a stale holder's session waits for it to go (PostgreSQL 14+)."""
+_LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
+_LOST_CODES = frozenset({"25P03", "25P04"})  # idle-in-transaction / transaction timeout
+_TRANSIENT_CODES = frozenset({"53300", "25006"})  # too many connections; a read-only standby
+_MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
+
+
+class _Ungranted(Exception):
+    """The DSN's user lacks privileges on ticklock's tables (found before any tick needs them)."""
+
+
+class Database:
+    """One PostgreSQL database as ticklock uses it (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        dsn: str | None,
+        pool: asyncpg.Pool[Any] | None,
+        namespace: str,
+        schema: str,
+        clock: Clock,
+        random: Random,
+        require_database: bool = False,
+    ) -> None:
+        self.dsn = dsn
+        """The DSN (``None``: a pool the application passed)."""
+        self._given = pool is not None  # a pool the user passed is never closed here
+        self.pooler = Pooler()
+        self.pool: asyncpg.Pool[Any] | None = pool
+        """The pool ticks use: the user's, or the one ticklock creates from ``dsn``."""
+        self.namespace = namespace
+        self.schema = schema
+        self.clock = clock
+        self._random = random
+        self._require_database = require_database
+        self.ready = False
+        """Whether the database answered and the schema is migrated."""
+        self._down_since: float | None = None  # the outage in progress (monotonic seconds)
+        self._cause = ""
+        self._advice: str | None = None  # the fix an operator makes, if the cause needs one
+        self.problem: str | None = None
+        """Why the database cannot be used now (its error and the fix), ``None`` when it can."""
+        self._retry_at = -math.inf  # when to try to migrate again (while not ready)
+        self._retry_delay = RETRY_FIRST
+        self.transaction_timeout = False
+        """Whether the server has ``transaction_timeout`` (PostgreSQL 17+)."""
+        self.terminate_wait: int | None = TERMINATE_WAIT_MS  # None before PostgreSQL 14
+        self._time = database_time(clock)  # the reference for "in the database's future"
+        self.sql = Statements(schema)
+
+    async def open(self) -> None:
+        """Create the pool (unless one was given), then migrate and check the clock, or note
+        that the database does not answer yet (see the class docstring)."""
+        if self.pool is None:
+            self.pool = await create_pool(self.dsn, self.pooler)
+        try:
+            await self._prepare()
+        except Exception as exc:
+            if self._require_database or not _answered(exc):
+                await self.close()
+                raise StartupError(self.explain(exc)) from exc
+            self.down(exc)
+
+    async def connect(self) -> None:
+        """Return once the database answers and the schema is migrated, trying again with
+        capped, jittered backoff (the same attempts a tick makes while not :attr:`ready`)."""
+        while not self.ready:
+            await self.clock.sleep_until(self._retry_at)
+            with contextlib.suppress(DatabaseUnavailable):
+                await self.reconnect()
+
+    async def reconnect(self) -> None:
+        """From a tick or a beat while not :attr:`ready`: migrate again once the backoff
+        allows; raises :class:`DatabaseUnavailable` until then."""
+        if self.clock.monotonic() >= self._retry_at:
+            try:
+                await self._prepare()
+                return
+            except Exception as exc:
+                self.down(exc)
+        fix = f": {self._advice}" if self._advice else ""
+        raise DatabaseUnavailable(f"the database is not available ({self._cause}){fix}")
+
+    async def _prepare(self) -> None:
+        async with self.connection() as conn:
+            await migrate(conn, self.schema)
+            missing = await conn.fetchval(self.sql.ungranted)
+            if missing:
+                raise _Ungranted(f"permission denied for {', '.join(missing)}")
+            major = conn.get_server_version().major
+            self.transaction_timeout = major >= 17
+            self.terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
+            await self._check_clock(conn)
+        self.ready = True
+        self.up()
+
+    def down(self, exc: BaseException) -> None:
+        """Note a failed attempt: log the start of an outage (or a change of its cause) once,
+        without a traceback, and put off the next attempt to migrate (jittered backoff)."""
+        wait = self._retry_delay * self._random.uniform(0.5, 1.0)
+        self._retry_at = self.clock.monotonic() + wait
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
+        cause = describe(exc)
+        if self._down_since is None or type(exc).__name__ not in self._cause:
+            if self.classify(exc):  # down, restarting, overloaded: it comes back by itself
+                self._advice = None
+                self.problem = f"the database is unavailable ({cause})"
+                logger.warning(
+                    "the database is unavailable (%s): ticks end as 'error' until it answers",
+                    cause,
+                )
+            else:  # an operator's fix: say which
+                self._advice = self._fix(exc)
+                self.problem = f"{cause}: {self._advice}"
+                logger.error(
+                    "ticklock cannot use the database (%s): %s; it tries again with backoff "
+                    "(at most every %g s), and ticks end as 'error' until then",
+                    cause,
+                    self._fix(exc),
+                    RETRY_MAX,
+                )
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        self._cause = cause
+
+    def up(self) -> None:
+        self._retry_delay = RETRY_FIRST
+        self.problem = None
+        if self._down_since is not None:
+            logger.info(
+                "the database answers again, after %.1f s", time.monotonic() - self._down_since
+            )
+            self._down_since = None
+
+    def explain(self, exc: BaseException) -> str:
+        """One line for an error that fails start-up: its cause, and the fix."""
+        return f"ticklock could not start: {describe(exc)}: {self._fix(exc)}"
+
+    def _fix(self, exc: BaseException) -> str:
+        """What an operator does about ``exc``."""
+        import asyncpg
+
+        if isinstance(exc, asyncpg.InvalidPasswordError):
+            fix = "check the password in the DSN (or PGPASSWORD / ~/.pgpass)"
+        elif isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+            fix = "create the role (CREATE ROLE ... LOGIN), or correct the user in the DSN"
+        elif isinstance(exc, asyncpg.InvalidCatalogNameError):
+            fix = "create the database, or correct its name in the DSN"
+        elif isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "accepting" in str(exc):
+            fix = "let the database accept connections (ALTER DATABASE ... ALLOW_CONNECTIONS true)"
+        elif isinstance(exc, asyncpg.InsufficientPrivilegeError) and "CONNECT" in str(
+            getattr(exc, "detail", None)
+        ):
+            fix = "GRANT CONNECT ON DATABASE ... to the DSN's user"
+        elif isinstance(exc, (asyncpg.InsufficientPrivilegeError, _Ungranted)):
+            s = self.schema
+            grants = (
+                f"GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES "
+                f"IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} to it"
+            )
+            fix = (
+                f"the tables are there: {grants}"
+                if isinstance(exc, _Ungranted)
+                else f"the DSN's user needs CREATE on the database, for ticklock to create its "
+                f"tables in schema {s!r}; or, once 'ticklock migrate' has created them as "
+                f"another user: {grants}"
+            )
+        elif self.classify(exc):
+            fix = "the database did not answer, and require_database=True fails start-up"
+        else:
+            fix = "ticklock cannot work with this database as it is"
+        return fix
+
+    def lost(self, exc: Exception) -> None:
+        """Note that a statement found ticklock's tables missing (a database restored or
+        replaced without them): the next tick migrates again."""
+        if getattr(exc, "sqlstate", None) in _MISSING:
+            self.ready = False
+
+    def reset(self) -> str:
+        """:data:`RESET`, and behind a pooler (where ticklock prepares nothing by name, and a
+        retired client connection does not end the server session) ``DEALLOCATE ALL``."""
+        return RESET + "DEALLOCATE ALL; " if self.pooler.unnamed else RESET
+
+    def shielded(self) -> anyio.CancelScope:
+        """Cleanup that must finish even when the tick was cancelled, but not hang forever."""
+        return anyio.CancelScope(shield=True, deadline=anyio.current_time() + CLEANUP_SECONDS)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
+        """A connection for ticklock's own statements outside a tick (no session state)."""
+        assert self.pool is not None, "the coordinator is not open"
+        async with self.pool.acquire() as proxy:
+            yield cast("asyncpg.Connection[Any]", proxy)
+
+    async def release(self, con: asyncpg.Connection[Any]) -> None:
+        """Give a tick's connection back to the pool (which replaces it if it was closed)."""
+        assert self.pool is not None
+        with self.shielded():
+            await self.pool.release(cast("PoolConnectionProxy[Any]", con))
+
+    def anchor(self) -> datetime | None:
+        """The database's time carried on this replica's clock (see :mod:`.dbtime`): with
+        ``clock_timestamp()``, the reference of every check for "in the database's future"."""
+        return self._time.at(self.clock.monotonic())
+
+    async def _check_clock(self, conn: asyncpg.Connection[Any]) -> None:
+        """Read the database's clock into the anchor, and warn of a replica clock off by more
+        than :data:`SKEW_WARNING` from it."""
+        clock = self.clock
+        before, started = clock.now(), clock.monotonic()
+        server = await conn.fetchval("SELECT clock_timestamp()")
+        after, ended = clock.now(), clock.monotonic()
+        self._time.observe(server, started + (ended - started) / 2)
+        local = before + (after - before) / 2
+        reference = self.anchor() or server  # a clock that others moved on (advance) is not off
+        skew = abs((reference - local).total_seconds())
+        if skew > SKEW_WARNING:
+            logger.warning(
+                "this replica's clock differs from the database's by %.1f s; slots come "
+                "from the replica clocks, so keep them NTP-synchronised (a slot more than "
+                "%g s in the database's future is refused)",
+                skew,
+                FUTURE_LIMIT,
+            )
+
+    async def close(self) -> None:
+        """Close the pool if ticklock created it (a pool the user passed stays open)."""
+        if self.pool is not None and not self._given:
+            pool, self.pool = self.pool, None
+            with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
+                await pool.close()
+            pool.terminate()  # what did not close in time
+
+    def classify(self, exc: BaseException) -> Outcome | None:
+        """``ERROR`` when ``exc`` means the session or the server was lost (or not there)."""
+        import asyncpg
+
+        if isinstance(exc, asyncpg.ClientConfigurationError):
+            return None  # a DSN option asyncpg refuses: waiting cannot fix it
+        if isinstance(exc, (OSError, asyncpg.InterfaceError, SlotAlreadyCommitted)):
+            return Outcome.ERROR
+        if isinstance(exc, asyncpg.PostgresError):
+            state = exc.sqlstate or ""
+            if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:
+                return Outcome.ERROR
+        return None
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database's answer (or its silence), which an operator can fix
+    while the app runs, rather than a DSN option asyncpg itself refuses."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return False
+    return isinstance(exc, (OSError, asyncpg.InterfaceError, asyncpg.PostgresError, _Ungranted))

@@ -1,0 +1,199 @@
+"""One tick's transaction on PostgreSQL: it holds the job's lock, lends its connection to the
+handler, and commits the watermark, the success and the run record with the handler's writes,
+or rolls everything back.
+
+A handler that used ``ctx.conn`` may have left session state: settings, a role, temporary
+tables, cursors, listeners, advisory locks (``sql.RESET`` undoes them all), or SQL prepared
+statements (``PREPARE``, which no statement can drop without also dropping asyncpg's own):
+the commit statement (or, on the way out of a failed tick, a query after the reset) says
+whether any is left, and such a connection is closed instead of reused. The reset rides in the
+same simple query as the tick's COMMIT (just before it, inside the transaction) or its
+ROLLBACK (just after it): no extra round trip, and a tick that commits is one transaction.
+
+The commit statement itself checks that the transaction is still the one that took the lock
+(a handler's ``COMMIT AND CHAIN`` would start another one, without the lock), that the
+server-side timeouts are still in force, and that the slot and end are not in the future of
+the database's clock beyond :data:`FUTURE_LIMIT` (a replica whose clock runs ahead would
+otherwise stop the fleet until its clock's "now" comes).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from .._caps import ERROR_LIMIT, cut_text
+from .._coordination import FUTURE_LIMIT, FleetState
+from .._errors import ClockAhead, LimitsChanged, SlotAlreadyCommitted, TransactionEnded
+from .._job import Job, RunResult
+from .._plan import next_due, overdue_at
+from . import database
+from .connection import ConnectionLease
+from .sql import LEFTOVERS
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from .database import Database
+
+SERVER_GRACE = 1.0
+"""Seconds the server-side timeouts add to the job's timeout, so that the client's own
+timeout normally fires first and the server's is the backstop for a paused process."""
+
+
+class Tick:
+    """One tick's hold on its job: the lock (or not), the fleet state, the connection."""
+
+    __slots__ = (
+        "con",
+        "_db",
+        "_job_id",
+        "_lease",
+        "_limit_ms",
+        "open",
+        "tx",
+        "acquired",
+        "conn",
+        "state",
+    )
+
+    def __init__(
+        self,
+        db: Database,
+        job_id: str,
+        con: asyncpg.Connection[Any],
+        limit_ms: int,
+    ) -> None:
+        self._db = db
+        self._job_id = job_id
+        self._limit_ms = limit_ms  # the server-side timeouts the tick set
+        self.tx: datetime | None = None  # the start of the transaction that took the lock
+        self.open = True  # until our own COMMIT or ROLLBACK ends the transaction
+        self.con: asyncpg.Connection[Any] | None = con
+        # What the handler gets: a lease on the connection (or on a given pool's proxy).
+        self._lease = ConnectionLease(con)
+        self.conn: asyncpg.Connection[Any] | None = cast("asyncpg.Connection[Any]", self._lease)
+        self.acquired = False
+        self.state = FleetState()
+
+    async def commit(self, result: RunResult, job: Job) -> None:
+        # The handler has returned: nothing it left running may use the connection now,
+        # between the commit statement's checks and the COMMIT.
+        self._lease.end()
+        report = None if result.report is None else json.dumps(result.report)
+        with self._db.shielded():
+            try:
+                await self._write(
+                    result, report, overdue_at(job, result.finished_at), next_due(job, result)
+                )
+            except Exception as exc:
+                self._db.lost(exc)
+                raise
+        if self.open:  # the cleanup bound cut it short: never report that as a success
+            raise TimeoutError(
+                f"the commit did not finish within {database.CLEANUP_SECONDS:g} s (a stalled "
+                "server or network): the tick is rolled back, unless its COMMIT had reached "
+                "the server"
+            )
+
+    async def _write(
+        self,
+        result: RunResult,
+        report: str | None,
+        overdue_at: datetime | None,
+        next_due: datetime | None,
+    ) -> None:
+        assert self.con is not None
+        c = self._db
+        row = await self.con.fetchrow(
+            c.sql.commit,
+            c.namespace,
+            self._job_id,
+            result.slot,
+            result.finished_at,
+            result.started_at,
+            result.owner,
+            report,
+            overdue_at,
+            self.tx,
+            self._limit_ms,
+            result.manual,
+            next_due,
+            self._lease.used,
+            c.anchor(),
+        )
+        assert row is not None  # the statement returns one row
+        written, same_tx, bounded, ahead, prepared = row
+        if not same_tx:
+            raise TransactionEnded(
+                "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
+                "ctx.conn), which released the job's lock: what it wrote after that was not "
+                "guarded, and the slot is not marked done. Leave the transaction to ticklock; "
+                "for a partial rollback use 'async with ctx.conn.transaction()' (a savepoint)"
+            )
+        if not bounded:
+            raise LimitsChanged(
+                "the handler changed the tick's server-side timeouts (statement_timeout, "
+                "idle_in_transaction_session_timeout or transaction_timeout) through "
+                "ctx.conn, so a paused replica could hold the lock for ever: nothing was "
+                "committed. To give a job more time, raise its timeout="
+            )
+        if ahead > FUTURE_LIMIT:
+            raise ClockAhead(
+                f"this replica's clock is {ahead:.1f} s ahead of the database's: its slot "
+                f"or end would lie in the fleet's future, beyond the {FUTURE_LIMIT:g} s "
+                "allowed, and stop the other replicas until then; nothing was committed. "
+                "Synchronise the replica's clock (NTP)"
+            )
+        if written != 1:
+            raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
+        # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
+        # commit, so a run is never recorded as failed after its writes committed.
+        if self._lease.used:
+            self._lease.retire |= prepared
+            await self.con.execute(self._db.reset() + "COMMIT")
+        else:
+            await self.con.execute("COMMIT")
+        self.open = False
+
+    async def close(self) -> None:
+        con, self.con, self.conn = self.con, None, None
+        if con is None:
+            return
+        lease = self._lease
+        lease.end()
+        c = self._db
+        if self.open and not con.is_closed():
+            with c.shielded():
+                try:
+                    # after ROLLBACK: an aborted transaction accepts no other statement
+                    if lease.used:
+                        reset = c.reset()
+                        status = await con.execute("ROLLBACK; " + reset + LEFTOVERS[2:])
+                        lease.retire |= status == "SELECT 1"
+                    else:
+                        await con.execute("ROLLBACK")
+                    self.open = False
+                except Exception:
+                    con.terminate()
+        if self.open or lease.retire:
+            con.terminate()  # never reused: still in a transaction, or with state left
+        await c.release(con)
+
+
+def limit_ms(budget: float) -> int:
+    """The server-side timeouts of a tick whose job has ``budget`` seconds, in ms."""
+    return int((budget + SERVER_GRACE) * 1000)
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: NUL and unpaired surrogates escaped, and still
+    within :data:`~ticklock._caps.ERROR_LIMIT` once escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return cut_text(text, len(text), ERROR_LIMIT)
