@@ -59,8 +59,12 @@ async def test_a_request_served_elsewhere_is_not_served_twice(
     async with scheduler:
         at = await scheduler.trigger("rare")
 
-        async def served() -> bool:
-            return len(runs) == 1
+        async def served() -> bool:  # committed, not only started: its lock is free again
+            return bool(
+                await pg_conn.fetchval(
+                    f"SELECT count(*) FROM {pg_schema}.runs WHERE job_id = 'rare' AND manual"
+                )
+            )
 
         await eventually(served, 10, "the manual run")
         # a replica that heard of the request late attempts it now: under the lock it finds
