@@ -11,8 +11,8 @@ from itertools import islice
 
 import anyio
 
-from ._cli.app import first_fires
 from ._job import JobContext
+from ._plan import first_fires
 from ._scheduler import Scheduler
 from ._triggers import cron, every
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -83,6 +84,15 @@ def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
         steps = math.ceil((now - due).total_seconds() / trigger.interval)
         return due + timedelta(seconds=steps * trigger.interval)
     return latest(trigger, due, now) if job.catch_up else trigger.next_fire(now)
+
+
+def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
+    """The slots of a job that never ran, as a scheduler started at ``now`` plans them
+    (:func:`first`, then fixed delay with runs that take no time), without jitter."""
+    fire = first(job, FleetState(), now)
+    while fire is not None:
+        yield fire
+        fire = after(job.trigger, fire)
 
 
 def latest(trigger: Cron, due: datetime, now: datetime) -> datetime:

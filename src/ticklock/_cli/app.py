@@ -9,14 +9,13 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from functools import reduce
 from itertools import islice
 
 import anyio
 
-from .._job import Job
+from .._plan import first_fires
 from .._scheduler import Scheduler
 from .._triggers import Cron, Every
 from .errors import EXIT_OK, CommandError
@@ -75,21 +74,6 @@ def run(args: argparse.Namespace) -> int:
         scheduler.use_dsn(args.dsn)
     anyio.run(serve, scheduler)
     return EXIT_OK
-
-
-def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
-    """The fire instants of a job that never ran, as a scheduler started at ``now`` plans them:
-    ``every``: now + ``initial_delay``, then one interval after each (runs taking no time);
-    ``cron``: its next fires. Without jitter."""
-    trigger = job.trigger
-    fire: datetime | None
-    if isinstance(trigger, Every):
-        fire = now + timedelta(seconds=trigger.initial_delay)
-    else:
-        fire = trigger.next_fire(now)
-    while fire is not None:
-        yield fire
-        fire = trigger.next_fire(fire)
 
 
 def label(job_id: str) -> str:
