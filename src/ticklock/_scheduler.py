@@ -17,7 +17,6 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ._clock import Clock, SystemClock
 from ._coordination import (
-    FUTURE_LIMIT,
     Control,
     Coordinator,
     Declared,
@@ -27,9 +26,10 @@ from ._coordination import (
 from ._dispatcher import Dispatcher, Entry
 from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._fleet import Fleet
+from ._health import judge
 from ._job import Handler, Job, JobHealth, Outcome, RunResult, declaration, fingerprint
 from ._operations import SchedulerFleet
-from ._plan import Plan, overdue_at, plan, stale
+from ._plan import Plan, plan, stale
 from ._runner import Runner
 from ._runs import Runs
 from ._sharing import GRACE, STEP, Member, Share
@@ -777,46 +777,21 @@ class Scheduler:
     def health(self, now: datetime | None = None) -> list[JobHealth]:
         """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""
         clock_now = self._clock.now()
-        if now is None:
-            now = clock_now
-        result = []
-        for entry in self._entries.values():
-            job = entry.job
-            state = entry.state or _NO_STATE
-            next_fire = entry.fire_at if self._status == "running" else None
-            paused = state.paused_at is not None
-            overdue = False
-            base = state.last_success_at or entry.since
-            if entry.held_at is not None and base is not None:
-                # Another replica was running the job when this one last tried. That run
-                # may have succeeded, by the time it was seen plus its timeout, and this
-                # replica learns whether at its next attempt (a period later): until then,
-                # presume it did, or every follower would report a healthy job overdue.
-                base = max(base, entry.held_at + timedelta(seconds=job.timeout))
-            # judged whether or not the scheduler still runs: one that stopped while the
-            # process lives on runs nothing, and must not keep saying every job is fine
-            if job.enabled and base is not None and not paused:
-                limit = overdue_at(job, base)
-                credit_base, credit = entry.credit
-                if limit is not None and credit and credit_base == state.last_success_at:
-                    limit += timedelta(seconds=credit)
-                overdue = limit is not None and now > limit
-            if job.enabled and not paused and _future(state, clock_now):
-                # stored by a replica whose clock ran ahead: no replica runs the job until
-                # then, so it is overdue now (the database refuses such commits since)
-                overdue = True
-            result.append(
-                JobHealth(
-                    job_id=job.id,
-                    last_success=state.last_success_at,
-                    next_fire=next_fire,
-                    consecutive_failures=state.consecutive_failures,
-                    overdue=overdue,
-                    paused=paused,
-                    problem=self._coordinator.problem if job.enabled else None,
-                )
+        running = self._status == "running"
+        return [
+            judge(
+                entry.job,
+                entry.state or _NO_STATE,
+                now=now or clock_now,
+                clock_now=clock_now,
+                since=entry.since,
+                held_at=entry.held_at,
+                credit=entry.credit,
+                next_fire=entry.fire_at if running else None,
+                problem=self._coordinator.problem,
             )
-        return result
+            for entry in self._entries.values()
+        ]
 
     def _last_successes(self) -> list[tuple[str, datetime]]:
         return [
@@ -846,13 +821,6 @@ _NO_CONTROL = Control(None, None)
 GIVE_UP_AFTER = 3
 """A replica gives a job up after this many of its own runs of it failed in a row."""
 _READ_LIMIT = 5.0  # seconds a backups' look may take before they attempt instead
-
-
-def _future(state: FleetState, now: datetime) -> bool:
-    """Whether the fleet's watermark or last end lies ahead of ``now`` by more than the
-    skew the database accepts."""
-    limit = now + timedelta(seconds=FUTURE_LIMIT)
-    return any(t is not None and t > limit for t in (state.last_slot, state.last_end))
 
 
 def _default_owner() -> str:

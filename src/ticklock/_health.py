@@ -1,0 +1,66 @@
+"""A job's health as one replica sees it: the absence alarm (``overdue``), a pure function of the
+job, the fleet's state and what this replica knows of the runs in progress elsewhere."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from ._coordination import FUTURE_LIMIT, FleetState
+from ._job import Job, JobHealth
+from ._plan import overdue_at
+
+
+def judge(
+    job: Job,
+    state: FleetState,
+    *,
+    now: datetime,
+    clock_now: datetime,
+    since: datetime | None,
+    held_at: datetime | None,
+    credit: tuple[datetime | None, float],
+    next_fire: datetime | None,
+    problem: str | None,
+) -> JobHealth:
+    """The health of ``job`` at ``now`` (``clock_now``: the scheduler's own clock).
+
+    ``since``: when this replica scheduled it (the base before any success); ``held_at``: when
+    this replica last found a run of it in progress elsewhere; ``credit``: the seconds it spent
+    paused since the last success given (the time paused is not overdue)."""
+    paused = state.paused_at is not None
+    overdue = False
+    base = state.last_success_at or since
+    if held_at is not None and base is not None:
+        # Another replica was running the job when this one last looked. That run may have
+        # succeeded, by the time it was seen plus its timeout, and this replica learns
+        # whether at its next look or attempt: until then, presume it did, or every backup
+        # would report a healthy job overdue.
+        base = max(base, held_at + timedelta(seconds=job.timeout))
+    # judged whether or not the scheduler still runs: one that stopped while the process
+    # lives on runs nothing, and must not keep saying every job is fine
+    if job.enabled and base is not None and not paused:
+        limit = overdue_at(job, base)
+        credit_base, seconds = credit
+        if limit is not None and seconds and credit_base == state.last_success_at:
+            limit += timedelta(seconds=seconds)
+        overdue = limit is not None and now > limit
+    if job.enabled and not paused and ahead(state, clock_now):
+        # stored by a replica whose clock ran ahead: no replica runs the job until then, so
+        # it is overdue now (the database refuses such commits since)
+        overdue = True
+    return JobHealth(
+        job_id=job.id,
+        last_success=state.last_success_at,
+        next_fire=next_fire,
+        consecutive_failures=state.consecutive_failures,
+        overdue=overdue,
+        paused=paused,
+        problem=problem if job.enabled else None,
+    )
+
+
+def ahead(state: FleetState, now: datetime) -> bool:
+    """Whether the fleet's watermark or last end lies ahead of ``now`` by more than the skew
+    the database accepts."""
+    limit = now + timedelta(seconds=FUTURE_LIMIT)
+    return any(t is not None and t > limit for t in (state.last_slot, state.last_end))
