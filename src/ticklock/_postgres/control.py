@@ -130,6 +130,11 @@ class Watch:
                 self._woken = False
                 last = clock.monotonic()
                 await self._beat()
+                if self._soon is not None and self._soon <= clock.monotonic():
+                    # the confirming beat failed (it returned before moving _soon): try it
+                    # again CONFIRM seconds on, not at once (a busy loop until the database
+                    # answers)
+                    self._soon = clock.monotonic() + CONFIRM
                 listening = await self._listen()
                 if self._woken:  # at most one beat a MIN_GAP for what woke it
                     await clock.sleep_until(last + MIN_GAP)
