@@ -114,20 +114,19 @@ def test_a_retry_passes_over_the_replica_that_failed_it_and_those_that_gave_up_r
     assert not share.others_can_run(job)  # the others gave it up too: nobody to hand it to
 
 
-def test_the_declaration_published_last_rules_and_the_others_only_observe() -> None:
+def test_the_declaration_most_replicas_share_rules_and_the_others_only_observe() -> None:
     share = Share("me")
     later = T0 + timedelta(minutes=5)
-    share.update(
-        {
-            "me": member(JOBS[:1], fp="old"),
-            "x": member(JOBS[:1], fp="old"),
-            "new": Member({JOBS[0]: "new"}, frozenset(), later),  # a rolling deploy's first
-        },
-        {},
-    )
-    assert share.ranking(JOBS[0]) == ("new",)
-    assert share.role(JOBS[0]) == (("new",), True)  # an observer: it never attempts
-    assert share.disagreement(JOBS[0]) == ("me", "x")
+    old, new = member(JOBS[:1], fp="old"), Member({JOBS[0]: "new"}, frozenset(), later)
+    share.update({"me": old, "x": old, "n1": new}, {})  # one host declares it otherwise
+    assert set(share.ranking(JOBS[0])) == {"me", "x"}
+    assert share.disagreement(JOBS[0]) == ("n1",)
+    share.update({"me": old, "x": old, "n1": new, "n2": new}, {})  # as many: the one in force
+    assert set(share.ranking(JOBS[0])) == {"me", "x"}
+    share.update({"me": old, "n1": new, "n2": new}, {})  # most run the new release: it rules
+    assert set(share.ranking(JOBS[0])) == {"n1", "n2"}
+    assert share.role(JOBS[0]) == (share.ranking(JOBS[0]), True)  # an observer: never attempts
+    assert share.disagreement(JOBS[0]) == ("me",)
 
 
 def test_the_weight_is_stable() -> None:

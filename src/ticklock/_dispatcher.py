@@ -34,7 +34,7 @@ import anyio
 
 from ._clock import Clock
 from ._coordination import FleetState
-from ._job import Job
+from ._job import Job, fingerprint
 from ._plan import Plan
 from ._sharing import LOOK_GRID
 from ._triggers import Cron
@@ -103,6 +103,8 @@ class Entry:
         "base",
         "credit",
         "deadline",
+        "failing_since",
+        "fingerprint",
         "fire_at",
         "generation",
         "held_at",
@@ -150,6 +152,8 @@ class Entry:
         self.observer = False  # declared otherwise than the ruling declaration: never attempts
         self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
         self.own_failures = 0  # this replica's consecutive failed runs of the job
+        self.failing_since: datetime | None = None  # the start of the first of them
+        self.fingerprint = fingerprint(job)  # of its declaration, which this replica publishes
 
     def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
         return id(self) < id(other)

@@ -54,7 +54,8 @@ class JobRecord:
     """The instant of a trigger request that no replica has served yet."""
     declared_otherwise: tuple[str, ...] = ()
     """The live replicas that declare the job otherwise (trigger, timeout, retries...) than
-    the replica started last, whose declaration rules; empty when they all agree."""
+    the ruling declaration (the one most live replicas share; between as many, the one whose
+    replicas started first); empty when they all agree."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from ._dispatcher import Dispatcher, Entry
 from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._fleet import Fleet
 from ._health import judge
-from ._job import Handler, Job, JobHealth, Outcome, RunResult, declaration, fingerprint
+from ._job import Handler, Job, JobHealth, Outcome, RunResult, declaration
 from ._operations import SchedulerFleet
 from ._plan import Plan, plan, stale
 from ._runner import Runner
@@ -111,7 +111,7 @@ class Scheduler:
         self._started_at: datetime | None = None
         self._share = Share(self.owner)  # who attempts each job first (PostgreSQL mode)
         self._looks: list[Entry] = []  # backups' looks due, read together
-        self._failing: set[str] = set()  # the jobs this replica gave up
+        self._failing: dict[str, datetime] = {}  # the jobs this replica gave up, since
         self._disagree: dict[str, tuple[str, ...]] = {}  # replicas declaring a job otherwise
         self._fleet = SchedulerFleet(
             self.namespace,
@@ -415,7 +415,7 @@ class Scheduler:
 
     def _start_job(self, entry: Entry, now: datetime) -> None:
         entry.since = now
-        entry.own_failures = 0
+        entry.own_failures, entry.failing_since = 0, None
         job = entry.job
         if not job.enabled:
             return
@@ -482,8 +482,11 @@ class Scheduler:
         :mod:`._sharing`)."""
         job = entry.job
         entry.state = state
-        self._share.ran(state.last_owner)
-        if entry.slot is None or stale(job, state, entry.slot, entry.attempt):
+        self._share.ran(state.last_owner, state.last_end)
+        if entry.own_failures:
+            self._judge(entry)
+        paused = state.paused_at is not None  # heard here first: the owner rightly skipped it
+        if paused or entry.slot is None or stale(job, state, entry.slot, entry.attempt):
             entry.held_at = None
             self._plan(entry, None)
             return
@@ -557,7 +560,8 @@ class Scheduler:
 
     def _disagreement(self, entry: Entry) -> None:
         """Log once per change when live replicas declare the job otherwise than the ruling
-        declaration (the one published by the replica that started last)."""
+        declaration (the one most of them share; between as many, the one whose replicas
+        started first)."""
         job_id = entry.job.id
         others = self._share.disagreement(job_id)
         if others == self._disagree.get(job_id, ()):
@@ -566,7 +570,7 @@ class Scheduler:
             self._disagree[job_id] = others
             logger.warning(
                 "%s: the live replicas declare it differently: %s declare it otherwise than "
-                "%s, which started last and whose declaration rules (only they run it); this "
+                "%s, whose declaration rules (most replicas share it): only they run it; this "
                 "replica declares %s",
                 job_id,
                 ", ".join(others),
@@ -603,7 +607,7 @@ class Scheduler:
         if state is not None:
             entry.state = state
             entry.held_at = None
-            self._share.ran(state.last_owner)
+            self._share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
             entry.held_at = result.finished_at
 
@@ -631,34 +635,52 @@ class Scheduler:
             self._plan(entry, result)
 
     def _count(self, entry: Entry, result: RunResult) -> None:
-        """Count this replica's failed runs of the job: after :data:`GIVE_UP_AFTER` in a row,
-        while another live replica could run it, give the job up (rank after every other
-        replica for it); a success of its own takes it back."""
-        job_id = entry.job.id
+        """Count this replica's failed runs of the job in a row (since when), and judge
+        whether to give the job up or take it back (:meth:`_judge`)."""
         if result.outcome is Outcome.SUCCESS:
-            entry.own_failures = 0
-            if job_id in self._failing:
-                self._failing.discard(job_id)
-                logger.info("%s: a run here succeeded: this replica runs it again", job_id)
-                self._coordinator.poke()
+            entry.own_failures, entry.failing_since = 0, None
         elif result.outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
+            if not entry.own_failures:
+                entry.failing_since = result.started_at
             entry.own_failures += 1
-            if (
-                entry.own_failures >= GIVE_UP_AFTER
-                and job_id not in self._failing
-                and self._share.others_can_run(job_id)
-            ):
-                self._failing.add(job_id)
-                logger.warning(
-                    "%s: this replica's last %d runs failed (last: %s), and other replicas "
-                    "can run it: this replica gives it up, ranking after every other one for "
-                    "it, until it restarts or a run of it here succeeds",
-                    job_id,
-                    entry.own_failures,
-                    result.error,
-                    extra={"job_id": job_id},
-                )
+        self._judge(entry, result.error)
+
+    def _judge(self, entry: Entry, error: str | None = None) -> None:
+        """Give the job up after :data:`GIVE_UP_AFTER` failed runs here in a row while it
+        succeeds elsewhere (the fleet's last success came after the first of them): rank
+        after every other replica for it. Take it back after a success here, or
+        :data:`GIVE_UP_FOR` seconds later (the host may have been fixed)."""
+        job_id = entry.job.id
+        given = self._failing.get(job_id)
+        now = self._clock.now()
+        if given is not None:
+            if entry.own_failures == 0 or (now - given).total_seconds() > GIVE_UP_FOR:
+                del self._failing[job_id]
+                entry.own_failures, entry.failing_since = 0, None
+                logger.info("%s: this replica runs it again", job_id, extra={"job_id": job_id})
                 self._coordinator.poke()
+            return
+        state, since = entry.state, entry.failing_since
+        if (
+            entry.own_failures >= GIVE_UP_AFTER
+            and since is not None
+            and state is not None
+            and state.last_success_at is not None
+            and state.last_success_at > since
+            and self._share.others_can_run(job_id)
+        ):
+            self._failing[job_id] = now
+            logger.warning(
+                "%s: this replica's last %d runs failed%s, while it succeeds elsewhere: this "
+                "replica gives it up, ranking after every other one for it, for %g minutes "
+                "or until a run of it here succeeds",
+                job_id,
+                entry.own_failures,
+                f" (last: {error})" if error else "",
+                GIVE_UP_FOR / 60,
+                extra={"job_id": job_id},
+            )
+            self._coordinator.poke()
 
     def _plan(self, entry: Entry, result: RunResult | None) -> None:
         state = entry.state or _NO_STATE
@@ -673,7 +695,7 @@ class Scheduler:
         return Declared(
             tuple(e.job.id for e in jobs if e.job.enabled),
             tuple(e.job.id for e in jobs if not e.job.enabled),
-            tuple(fingerprint(e.job) for e in jobs if e.job.enabled),
+            tuple(e.fingerprint for e in jobs if e.job.enabled),
             tuple(sorted(self._failing)),
         )
 
@@ -820,6 +842,8 @@ _NO_STATE = FleetState()  # read-only: a job the fleet has no state for
 _NO_CONTROL = Control(None, None)
 GIVE_UP_AFTER = 3
 """A replica gives a job up after this many of its own runs of it failed in a row."""
+GIVE_UP_FOR = 900.0
+"""Seconds after which a replica takes back a job it gave up."""
 _READ_LIMIT = 5.0  # seconds a backups' look may take before they attempt instead
 
 

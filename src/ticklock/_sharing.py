@@ -20,8 +20,9 @@ A silent replica is passed over in every ranking until it beats again or the fle
 shows a run of its (it was paused, or its view differed, not dead), so that the first backup
 stands in for it from the next slot on.
 
-Only the replicas whose declaration of the job is the ruling one rank: the declaration of the
-replica that started last (a rolling deploy's new release), see :meth:`Share.role`. Replicas
+Only the replicas whose declaration of the job is the ruling one rank: the declaration most
+live replicas share, and between as many the one whose replicas started first (a rolling
+deploy's new release rules once most replicas run it), see :meth:`Share.role`. Replicas
 that declare it otherwise only observe it. A replica whose own runs of a job kept failing
 while others could run it publishes that it gave the job up: it ranks after every other.
 
@@ -49,6 +50,17 @@ LOOK_GRID = 0.25
 due close together are read in one statement."""
 
 
+def _ruling(declarers: list[tuple[datetime, str, str]]) -> str:
+    """The ruling fingerprint among (started_at, owner, fingerprint) of a job's declarers: the
+    one most of them declare; between as many, the one whose replicas started first."""
+    count: dict[str, int] = {}
+    first: dict[str, tuple[datetime, str]] = {}
+    for started, owner, fp in declarers:
+        count[fp] = count.get(fp, 0) + 1
+        first[fp] = min(first.get(fp, (started, owner)), (started, owner))
+    return min(count, key=lambda fp: (-count[fp], first[fp], fp))
+
+
 def weight(owner: str, job_id: str) -> int:
     """The rendezvous weight of replica ``owner`` for job ``job_id`` (stable across versions)."""
     digest = blake2b(f"{owner}\x00{job_id}".encode(), digest_size=8).digest()
@@ -63,8 +75,8 @@ class Member(NamedTuple):
     failing: frozenset[str]
     """The jobs it gave up: its runs of them kept failing while other replicas could run them."""
     started_at: datetime
-    """When it started: the declaration of the replica started last rules (a rolling
-    deploy's new release)."""
+    """When it started (between declarations as many replicas share, the one whose replicas
+    started first rules)."""
 
 
 class Role(NamedTuple):
@@ -114,10 +126,14 @@ class Share:
             if owner != self.me:
                 self._silent.setdefault(owner, since)
 
-    def ran(self, owner: str | None) -> None:
-        """``owner`` ran a run of some job (the fleet's state says so): it is not silent."""
-        if owner is not None:
-            self._silent.pop(owner, None)
+    def ran(self, owner: str | None, ended: datetime | None) -> None:
+        """``owner`` ran a run that ended at ``ended`` (the fleet's state says so): if that was
+        after it was found silent, it is back."""
+        if owner is None or ended is None:
+            return
+        since = self._silent.get(owner)
+        if since is not None and ended > since:
+            del self._silent[owner]
 
     def silent(self, owner: str) -> bool:
         """Whether ``owner`` missed a slot and has not beaten since."""
@@ -141,7 +157,7 @@ class Share:
             if not declarers:
                 ranked = ((), frozenset())
             else:
-                ruling = max(declarers)[2]  # the declaration of the replica started last
+                ruling = _ruling(declarers)
                 ours = [owner for _, owner, fp in declarers if fp == ruling]
                 ours.sort(
                     key=lambda o: (job_id not in self._members[o].failing, weight(o, job_id), o),

@@ -103,7 +103,7 @@ async def status(args: argparse.Namespace) -> int:
         )
         if job.declared_otherwise:
             shown = ", ".join(job.declared_otherwise)
-            print(f"{'':<{width}}  declared otherwise by {shown} (the replica started last rules)")
+            print(f"{'':<{width}}  declared otherwise by {shown} (the majority's rules)")
     print()
     if replicas:
         print(f"live replicas ({len(replicas)}):")

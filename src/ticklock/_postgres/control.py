@@ -73,7 +73,7 @@ PRUNE = 600.0
 """Seconds after its last beat before a replica's row is deleted."""
 MIN_GAP = 0.5
 """The least seconds between two beats that notifications cause."""
-STORM, STORM_WINDOW, STORM_QUIET = 100, 10.0, 60.0
+STORM, STORM_WINDOW, STORM_QUIET = 1000, 10.0, 60.0
 """More than ``STORM`` notifications within ``STORM_WINDOW`` seconds: stop listening for
 ``STORM_QUIET`` seconds."""
 _MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
@@ -291,8 +291,9 @@ class Watch:
             self._quiet_until = now + STORM_QUIET
             heard.clear()
             logger.warning(
-                "more than %d notifications on channel %r within %g s: not listening for "
-                "%g s (beating every %g s meanwhile); something other than ticklock sends them",
+                "more than %d notifications on channel %r within %g s (ticklock's replicas send "
+                "a few per join, leave, pause, resume or trigger): not listening for %g s "
+                "(beating every %g s meanwhile); find what sends them in pg_stat_activity",
                 STORM,
                 CHANNEL,
                 STORM_WINDOW,

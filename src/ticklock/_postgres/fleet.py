@@ -69,7 +69,8 @@ class PostgresFleet:
             "SELECT owner, started_at, jobs, disabled, fingerprints "
             f"FROM {s}.replicas WHERE namespace = $1 AND {recent}"
         )
-        # the declaration of the replica started last rules (as in ticklock._sharing)
+        # the declaration most live replicas share rules; between as many, the one whose
+        # replicas started first (as in ticklock._sharing)
         self._jobs = f"""
 WITH live AS ({live}), declared AS (
     SELECT job_id, bool_or(enabled) AS enabled FROM (
@@ -79,8 +80,11 @@ WITH live AS ({live}), declared AS (
 ), prints AS (
     SELECT owner, started_at, unnest(jobs) AS job_id, unnest(fingerprints) AS fp FROM live
 ), ruling AS (
-    SELECT DISTINCT ON (job_id) job_id, fp FROM prints
-    ORDER BY job_id, started_at DESC, owner DESC, fp DESC
+    SELECT DISTINCT ON (job_id) job_id, fp FROM (
+        SELECT job_id, fp, count(*) AS n, min(started_at) AS first,
+            (array_agg(owner ORDER BY started_at, owner COLLATE "C"))[1] AS first_owner
+        FROM prints GROUP BY job_id, fp) AS g
+    ORDER BY job_id, n DESC, first, first_owner COLLATE "C", fp COLLATE "C"
 ), otherwise AS (
     SELECT p.job_id, array_agg(p.owner ORDER BY p.owner) AS owners
     FROM prints AS p JOIN ruling AS r USING (job_id) WHERE p.fp <> r.fp GROUP BY p.job_id

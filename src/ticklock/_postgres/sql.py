@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 VERSION = 5
 _TABLES = ("schema_version", "jobs", "runs", "replicas")
 _MIGRATION_LOCK = "ticklock.migrate"
+MIGRATION_LOCK_TIMEOUT_MS = 5000
+"""How long a migration's DDL may wait for a table's lock before it gives up (and is retried)."""
 
 
 def quote(schema: str) -> str:
@@ -32,11 +34,13 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def migration(schema: str) -> str:
-    """The DDL that creates ticklock's tables in ``schema``, at the current version."""
+def migration(schema: str, tables: frozenset[str] = frozenset(_TABLES)) -> str:
+    """The DDL that creates ``tables`` (all of ticklock's by default) in ``schema``, at the
+    current version, with their indexes. Only absent tables are given: DDL on a table that
+    exists would take a lock that waits behind the ticks in flight and holds up every tick."""
     s = quote(schema)
-    return f"""
-CREATE SCHEMA IF NOT EXISTS {s};
+    ddl = {
+        "jobs": f"""
 CREATE TABLE IF NOT EXISTS {s}.jobs (
     namespace text NOT NULL,
     job_id text NOT NULL,
@@ -49,13 +53,16 @@ CREATE TABLE IF NOT EXISTS {s}.jobs (
     failed_attempts integer NOT NULL DEFAULT 0,
     overdue_at timestamptz,
     updated_at timestamptz NOT NULL DEFAULT now(),
+    paused_at timestamptz,
+    trigger_at timestamptz,
+    next_due timestamptz,
+    last_owner text,
+    last_error text,
     PRIMARY KEY (namespace, job_id)
 );
-ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS paused_at timestamptz,
-    ADD COLUMN IF NOT EXISTS trigger_at timestamptz,
-    ADD COLUMN IF NOT EXISTS next_due timestamptz,
-    ADD COLUMN IF NOT EXISTS last_owner text,
-    ADD COLUMN IF NOT EXISTS last_error text;
+CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace)
+    WHERE paused_at IS NOT NULL OR trigger_at IS NOT NULL;""",
+        "runs": f"""
 CREATE TABLE IF NOT EXISTS {s}.runs (
     id bigserial PRIMARY KEY,
     namespace text NOT NULL,
@@ -69,6 +76,9 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     error text,
     manual boolean NOT NULL DEFAULT false
 );
+CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
+CREATE INDEX IF NOT EXISTS runs_finished ON {s}.runs (finished_at);""",
+        "replicas": f"""
 CREATE TABLE IF NOT EXISTS {s}.replicas (
     namespace text NOT NULL,
     owner text NOT NULL,
@@ -80,15 +90,15 @@ CREATE TABLE IF NOT EXISTS {s}.replicas (
     fingerprints text[] NOT NULL DEFAULT '{{}}',
     failing text[] NOT NULL DEFAULT '{{}}',
     PRIMARY KEY (namespace, owner)
-);
-CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
-CREATE INDEX IF NOT EXISTS runs_finished ON {s}.runs (finished_at);
-CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace)
-    WHERE paused_at IS NOT NULL OR trigger_at IS NOT NULL;
+);""",
+        "schema_version": f"""
 CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer NOT NULL);
 INSERT INTO {s}.schema_version (version)
-    SELECT {VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);
-"""
+    SELECT {VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);""",
+    }
+    return f"CREATE SCHEMA IF NOT EXISTS {s};" + "".join(
+        ddl[table] for table in _TABLES if table in tables
+    )
 
 
 def upgrades(schema: str) -> dict[int, str]:
@@ -97,9 +107,15 @@ def upgrades(schema: str) -> dict[int, str]:
     return {
         1: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS failed_slot timestamptz, "
         "ADD COLUMN IF NOT EXISTS failed_attempts integer NOT NULL DEFAULT 0",
-        # the replicas table and the new columns of jobs come with migration(): a schema
-        # of version 2 lacks the table, so migrate() runs it first
-        2: f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false",
+        # the replicas table comes with migration(): a schema of version 2 lacks it
+        2: f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false; "
+        f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS paused_at timestamptz, "
+        "ADD COLUMN IF NOT EXISTS trigger_at timestamptz, "
+        "ADD COLUMN IF NOT EXISTS next_due timestamptz, "
+        "ADD COLUMN IF NOT EXISTS last_owner text, "
+        "ADD COLUMN IF NOT EXISTS last_error text; "
+        f"CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace) "
+        "WHERE paused_at IS NOT NULL OR trigger_at IS NOT NULL",
         3: f"ALTER TABLE {s}.replicas "
         "ADD COLUMN IF NOT EXISTS declared_at timestamptz NOT NULL DEFAULT now()",
         4: f"ALTER TABLE {s}.replicas "
@@ -118,14 +134,19 @@ async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
     """
     s = quote(schema)
     async with conn.transaction():
+        # an upgrade's DDL waits behind the ticks in flight, and every tick behind it: give
+        # up after a while instead (the caller tries again), never stall the fleet
+        await conn.execute(f"SET LOCAL lock_timeout = {MIGRATION_LOCK_TIMEOUT_MS}")
         await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
-        absent = await conn.fetchval(
-            "SELECT count(*) FILTER (WHERE to_regclass(t) IS NULL) FROM unnest($1::text[]) AS t",
-            [f"{s}.{table}" for table in _TABLES],
+        rows = await conn.fetch(
+            "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass($2 || '.' || t) IS NULL",
+            list(_TABLES),
+            s,
         )
+        absent = frozenset(row["t"] for row in rows)
         if absent:  # a new schema, one from before a table was added, or tables dropped
-            await conn.execute(migration(schema))
-            if absent == len(_TABLES):
+            await conn.execute(migration(schema, absent))
+            if len(absent) == len(_TABLES):
                 return "created"
         version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
         if version is None:  # the table was emptied: the tables are those of this version

@@ -1,7 +1,6 @@
-"""REVIEW (adversarial, branch review/sharing): tests that FAIL on the current sharing code.
-
-Each test is marked xfail(strict=True) with the finding it demonstrates, so that the suite
-stays green and a fix turns it into an XPASS (then drop the mark)."""
+"""Sharing under the faults an adversarial review found: a ruling declaration that dies, a
+confirming beat that fails, a repair behind a long run, other namespaces' notifications, a
+pause a look reads first, a job that fails everywhere."""
 
 from __future__ import annotations
 
@@ -9,11 +8,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from test_sharing import Backup, ahead_of
 from ticklock import every
 from ticklock._job import fingerprint
 from ticklock._sharing import Member
-
-from test_sharing import Backup, ahead_of
 
 
 def _ruled_by(b: Backup, other: str, started: timedelta = timedelta(minutes=5)) -> None:
@@ -29,8 +27,7 @@ def _ruled_by(b: Backup, other: str, started: timedelta = timedelta(minutes=5)) 
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(strict=True, reason="REVIEW F1: observers never stand in for a dead ruling replica")
-async def test_review_a_dead_ruling_replica_leaves_the_job_unrun_by_the_live_observers() -> None:
+async def test_a_dead_ruling_replica_leaves_the_job_unrun_by_the_live_observers() -> None:
     # A rolling deploy's first new replica (or one host with other configuration) starts
     # last, so its declaration rules; then it dies (SIGKILL, OOM, a crash-looping canary) or
     # is frozen. It stays "live" for LIVE = 60 s after its last beat (and a crash loop
@@ -57,7 +54,7 @@ from ticklock import Scheduler  # noqa: E402
 @pytest.mark.anyio
 @pytest.mark.postgres
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_review_a_beat_that_fails_after_a_join_does_not_spin(pg_dsn: str, pg_schema: str) -> None:
+async def test_a_beat_that_fails_after_a_join_does_not_spin(pg_dsn: str, pg_schema: str) -> None:
     # The first beat sets _soon (the confirming beat, CONFIRM = 1 s later). If that beat
     # fails (the database restarts or fails over, a grant was revoked, ...), _beat returns
     # before _soon is cleared or moved, due = min(due, _soon) is in the past, and run()
@@ -88,8 +85,7 @@ async def test_review_a_beat_that_fails_after_a_join_does_not_spin(pg_dsn: str, 
 @pytest.mark.anyio
 @pytest.mark.postgres
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.xfail(strict=True, reason="REVIEW F4: the repair's DDL on jobs waits behind a long tick and stalls every tick")
-async def test_review_repairing_a_dropped_table_does_not_stall_the_other_jobs(
+async def test_repairing_a_dropped_table_does_not_stall_the_other_jobs(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
     from ticklock import JobContext
@@ -119,15 +115,16 @@ async def test_review_repairing_a_dropped_table_does_not_stall_the_other_jobs(
         mark = time.monotonic()
         await anyio.sleep(8)
     after = [t for t in fast if t > mark - 1]
-    gaps = [b - a for a, b in zip(after, after[1:])]
-    assert after and max(gaps, default=99) < 2.0, f"longest gap of 'quick' every(1): {max(gaps, default=99):.1f} s"
+    gaps = [b - a for a, b in zip(after, after[1:], strict=False)]
+    assert after and max(gaps, default=99) < 2.0, (
+        f"longest gap of 'quick' every(1): {max(gaps, default=99):.1f} s"
+    )
 
 
 @pytest.mark.anyio
 @pytest.mark.postgres
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.xfail(strict=True, reason="REVIEW F5: the storm counter counts other namespaces' legit notifications")
-async def test_review_another_namespaces_rolling_restart_is_no_storm(
+async def test_another_namespaces_rolling_restart_is_no_storm(
     pg_dsn: str, pg_schema: str, pg_conn: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     import json
@@ -153,13 +150,12 @@ async def test_review_another_namespaces_rolling_restart_is_no_storm(
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(strict=True, reason="REVIEW F6: a look that reads a pause not heard yet silences the owner")
-async def test_review_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_silent(
+async def test_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_silent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     import logging
 
-    from ticklock._coordination import FleetState
+    from ticklock._coordination import FleetState, LocalCoordinator
 
     b = Backup(every(10, initial_delay=5))
     owner = ahead_of("backup", "job")
@@ -168,7 +164,9 @@ async def test_review_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_si
         await b.clock.advance(4)
         # an operator paused the job; the owner heard (and rightly did not run slot 5),
         # this replica's watch has not yet (its beat is up to 15 s away): the look reads it
-        b.scheduler._coordinator.states["job"] = FleetState(paused_at=b.clock.now())
+        local = b.scheduler._coordinator
+        assert isinstance(local, LocalCoordinator)
+        local.states["job"] = FleetState(paused_at=b.clock.now())
         with caplog.at_level(logging.INFO, logger="ticklock"):
             await b.clock.advance(3)
         silent = b.scheduler._share.silent(owner)
@@ -177,8 +175,7 @@ async def test_review_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_si
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(strict=True, reason="REVIEW F7: a replica gives a job up though it fails everywhere (a shared outage)")
-async def test_review_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -> None:
+async def test_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -> None:
     from ticklock import JobContext, Scheduler
     from ticklock._sharing import weight
     from ticklock.testing import ManualClock
@@ -190,10 +187,14 @@ async def test_review_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -
         raise RuntimeError("the payment API is down")  # for every replica alike
 
     s.add(broken, every(10, initial_delay=1), id="job", timeout=5)
-    other = next(o for o in (f"o{i}" for i in range(100)) if weight(o, "job") < weight("backup", "job"))
+    other = next(
+        o for o in (f"o{i}" for i in range(100)) if weight(o, "job") < weight("backup", "job")
+    )
     fp = fingerprint(s.jobs["job"])
     async with s:
-        s._members({o: Member({"job": fp}, frozenset(), clock.now()) for o in ("backup", other)}, {})
+        s._members(
+            {o: Member({"job": fp}, frozenset(), clock.now()) for o in ("backup", other)}, {}
+        )
         await clock.advance(35)  # this replica owns it: 4 failed runs, no success anywhere
         gave_up = "job" in s._failing
     # issue 22 item 5: give up "while the job succeeds elsewhere"; here it succeeds nowhere,
