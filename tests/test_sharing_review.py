@@ -200,3 +200,19 @@ async def test_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -> None:
     # issue 22 item 5: give up "while the job succeeds elsewhere"; here it succeeds nowhere,
     # and the flag sticks until a restart (ranked last, it never runs again to clear it)
     assert not gave_up
+
+
+@pytest.mark.anyio
+async def test_an_observer_never_attempts_and_never_calls_the_job_overdue() -> None:
+    b = Backup(every(10, initial_delay=5), overdue_grace=1)
+    t0 = b.clock.now()
+    fp = fingerprint(b.scheduler.jobs["job"])
+    members = {"backup": Member({"job": fp}, frozenset(), t0)}
+    for other in ("o1", "o2"):  # most live replicas declare it otherwise: theirs rules
+        members[other] = Member({"job": "another-declaration"}, frozenset(), t0)
+    async with b.scheduler:
+        b.scheduler._members(members, {})
+        await b.clock.advance(60)
+        assert b.starts == []
+        # by its own schedule the job is long overdue, but it is not its schedule
+        assert [h.overdue for h in b.scheduler.health()] == [False]

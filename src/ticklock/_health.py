@@ -21,12 +21,15 @@ def judge(
     credit: tuple[datetime | None, float],
     next_fire: datetime | None,
     problem: str | None,
+    observer: bool = False,
 ) -> JobHealth:
     """The health of ``job`` at ``now`` (``clock_now``: the scheduler's own clock).
 
     ``since``: when this replica scheduled it (the base before any success); ``held_at``: when
     this replica last found a run of it in progress elsewhere; ``credit``: the seconds it spent
-    paused since the last success given (the time paused is not overdue)."""
+    paused since the last success given (the time paused is not overdue). ``observer``: this
+    replica declares the job otherwise than the fleet's ruling declaration, whose schedule is
+    not its own to judge by: never overdue here."""
     paused = state.paused_at is not None
     overdue = False
     base = state.last_success_at or since
@@ -38,7 +41,7 @@ def judge(
         base = max(base, held_at + timedelta(seconds=job.timeout))
     # judged whether or not the scheduler still runs: one that stopped while the process
     # lives on runs nothing, and must not keep saying every job is fine
-    if job.enabled and base is not None and not paused:
+    if job.enabled and base is not None and not paused and not observer:
         limit = overdue_at(job, base)
         credit_base, seconds = credit
         if limit is not None and seconds and credit_base == state.last_success_at:

@@ -811,6 +811,7 @@ class Scheduler:
                 credit=entry.credit,
                 next_fire=entry.fire_at if running else None,
                 problem=self._coordinator.problem,
+                observer=entry.observer,
             )
             for entry in self._entries.values()
         ]
