@@ -27,7 +27,7 @@ _SETTLE_ROUNDS = 10_000  # bounds the wait when some task never blocks
 class ManualClock:
     """A clock that moves only when told to; time never goes backwards.
 
-    It starts at ``start`` (default: the current time, in whole seconds), and ``now()`` and
+    It starts at ``start`` (default: the current time, to the nearest second), and ``now()`` and
     ``monotonic()`` advance together. On PostgreSQL the database follows it: slots up to the
     time it reads at start plus what the clock advanced since are accepted (see
     docs/testing.md), so a ``start`` in the database's future is refused as a clock ahead.
@@ -43,7 +43,9 @@ class ManualClock:
 
     def __init__(self, start: datetime | None = None) -> None:
         if start is None:
-            start = datetime.now(timezone.utc).replace(microsecond=0)
+            # to the nearest second: readable instants, within half a second of the database's
+            now = datetime.now(timezone.utc)
+            start = (now + timedelta(microseconds=500_000)).replace(microsecond=0)
         if start.tzinfo is None or start.utcoffset() is None:
             raise ValueError(f"ManualClock(start): start must be an aware datetime, got {start!r}")
         self._start = start.astimezone(timezone.utc)
