@@ -21,7 +21,22 @@ from ticklock import (
 )
 from ticklock._coordination import FleetState
 from ticklock._job import Job
-from ticklock._plan import Plan, plan
+from ticklock._plan import (
+    Admission,
+    Attempt,
+    Delayed,
+    Look,
+    LookAgain,
+    OnTime,
+    Plan,
+    Recheck,
+    Replan,
+    Run,
+    Skip,
+    admit,
+    look,
+    plan,
+)
 from ticklock.testing import ManualClock
 
 T0 = at("2030-01-01T00:00:00Z")
@@ -55,15 +70,15 @@ def failed(slot: float, end: float, attempts: int, last_slot: float | None = Non
 
 CASES = [
     # (id, job, state, now, result, plan)
-    ("never-ran-every", job(), FleetState(), s(0), None, Plan(s(0))),
-    ("never-ran-cron", job(cron("*/5 * * * *")), FleetState(), s(1), None, Plan(s(300))),
+    ("never-ran-every", job(), FleetState(), s(0), None, OnTime(s(0))),
+    ("never-ran-cron", job(cron("*/5 * * * *")), FleetState(), s(1), None, OnTime(s(300))),
     (
         "success-fixed-delay",
         job(),
         FleetState(last_slot=s(0), last_end=s(3)),
         s(3),
         ended(Outcome.SUCCESS, 0, 3),
-        Plan(s(63)),
+        OnTime(s(63)),
     ),
     (
         "locked-looks-again-a-period-later",
@@ -71,7 +86,7 @@ CASES = [
         FleetState(),
         s(0),
         ended(Outcome.LOCKED, 0, 0),
-        Plan(None, 60.0),
+        Recheck(60.0),
     ),  # fmt: skip
     (
         "skipped-realigns-to-the-fleet",
@@ -79,7 +94,7 @@ CASES = [
         FleetState(last_slot=s(0), last_end=s(10)),
         s(11),
         ended(Outcome.SKIPPED, 0, 11),
-        Plan(s(70)),
+        OnTime(s(70)),
     ),
     (
         "failure-without-retries-waits-for-the-next-slot",
@@ -87,7 +102,7 @@ CASES = [
         failed(0, 3, 1),
         s(3),
         ended(Outcome.FAILURE, 0, 3),
-        Plan(s(63)),
+        OnTime(s(63)),
     ),
     (
         "first-retry-after-the-backoff",
@@ -95,7 +110,7 @@ CASES = [
         failed(0, 3, 1),
         s(3),
         ended(Outcome.FAILURE, 0, 3),
-        Plan(s(0), 10.0, 2),
+        Delayed(s(0), 10.0, 2),
     ),
     (
         "second-retry-doubles",
@@ -103,7 +118,7 @@ CASES = [
         failed(0, 14, 2),
         s(14),
         ended(Outcome.TIMEOUT, 0, 14),
-        Plan(s(0), 20.0, 3),
+        Delayed(s(0), 20.0, 3),
     ),
     (
         "no-retry-left",
@@ -111,7 +126,7 @@ CASES = [
         failed(0, 35, 3),
         s(35),
         ended(Outcome.ERROR, 0, 35),
-        Plan(s(95)),
+        OnTime(s(95)),
     ),
     (
         "never-past-the-next-slot",
@@ -119,7 +134,7 @@ CASES = [
         failed(0, 40, 3),  # the next retry would be at 40 + 100 = 140, after the slot at 100
         s(40),
         ended(Outcome.FAILURE, 0, 40),
-        Plan(s(100)),
+        OnTime(s(100)),
     ),
     (
         "a-follower-takes-the-fleets-retry",
@@ -127,7 +142,7 @@ CASES = [
         failed(0, 3, 1),
         s(4),
         ended(Outcome.SKIPPED, 0, 4),
-        Plan(s(0), 9.0, 2),
+        Delayed(s(0), 9.0, 2),
     ),
     (
         "a-retry-that-is-due-runs-at-once",
@@ -135,7 +150,7 @@ CASES = [
         failed(0, 3, 1),
         s(30),
         None,
-        Plan(s(0), 0.0, 2),
+        Delayed(s(0), 0.0, 2),
     ),
     (
         "at-start-the-next-slot-covers-an-old-failure",
@@ -143,7 +158,7 @@ CASES = [
         failed(0, 3, 1),
         s(500),
         None,
-        Plan(s(63)),  # catch-up: one run at once covers the window
+        OnTime(s(63)),  # catch-up: one run at once covers the window
     ),
     (
         "a-committed-later-slot-ends-the-retries",
@@ -151,7 +166,7 @@ CASES = [
         failed(0, 3, 1, last_slot=60),
         s(4),
         None,
-        Plan(s(63)),
+        OnTime(s(63)),
     ),
 ]
 
@@ -263,3 +278,80 @@ async def test_any_replica_may_take_the_fleets_retry(pg_dsn: str, pg_schema: str
             await anyio.sleep(0.01)  # the database answers in real time
     assert [(owner, attempt) for owner, _, attempt in seen] == [("a", 1), ("b", 2)]
     assert seen[0][1] == seen[1][1]  # the same slot
+
+
+# -- a backup's look, and the admission under the lock: pure, table-tested ------------------
+
+OWNERS = ("o1", "o2")
+LOOKS = [
+    # (id, state, slot, held, held_for, ahead, observer, second, decision)
+    ("committed", FleetState(last_slot=s(60), last_end=s(61)), s(60), False, 0, OWNERS, False,
+     False, Replan()),
+    ("ran-and-failed", failed(60, 61, 1), s(60), False, 0, OWNERS, False, False, Replan()),
+    ("paused", FleetState(paused_at=s(50)), s(60), False, 0, OWNERS, False, False, Replan()),
+    ("re-aligning", FleetState(), None, False, 0, OWNERS, False, False, Replan()),
+    ("observer", FleetState(), s(60), False, 0, OWNERS, True, False, LookAgain(60)),
+    ("held", FleetState(), s(60), True, 0, OWNERS, False, False, LookAgain(1.0)),
+    ("held-long", FleetState(), s(60), True, 6.9, OWNERS, False, False, LookAgain(1.0)),
+    ("held-past-bound", FleetState(), s(60), True, 7.0, OWNERS, False, False, Attempt()),
+    ("open-first-of-two", FleetState(), s(60), False, 0, OWNERS, False, False,
+     LookAgain(0.25, second=True, missed=("o1",))),
+    ("open-first-backup", FleetState(), s(60), False, 0, ("o1",), False, False,
+     Attempt(missed=("o1",))),
+    ("open-second-look", FleetState(), s(60), False, 0, OWNERS, False, True,
+     Attempt(missed=OWNERS)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state,slot,held,held_for,ahead,observer,second,expected",
+    [case[1:] for case in LOOKS],
+    ids=[case[0] for case in LOOKS],
+)
+def test_look(
+    state: FleetState,
+    slot: datetime | None,
+    held: bool,
+    held_for: float,
+    ahead: tuple[str, ...],
+    observer: bool,
+    second: bool,
+    expected: Look,
+) -> None:
+    decision = look(
+        job(), state, slot, 1, held=held, held_for=held_for, ahead=ahead, observer=observer,
+        second=second,
+    )  # fmt: skip
+    assert decision == expected
+
+
+ADMISSIONS = [
+    # (id, state, slot, attempt, manual, decision); the tick started at s(70)
+    ("on-time", FleetState(last_slot=s(0), last_end=s(1)), s(61), 1, False, Run(s(61))),
+    ("committed", FleetState(last_slot=s(61), last_end=s(62)), s(61), 1, False,
+     Skip("the fleet has moved past the slot")),
+    ("paused", FleetState(paused_at=s(5)), s(61), 1, False, Skip("paused")),
+    ("re-align-due", FleetState(last_slot=s(0), last_end=s(1)), None, 1, False, Run(s(61))),
+    ("re-align-not-due", FleetState(last_slot=s(20), last_end=s(21)), None, 1, False,
+     Skip("no slot is due")),
+    ("retry", failed(61, 62, 1, last_slot=0), s(61), 2, False, Run(s(61))),
+    ("retry-done-elsewhere", failed(61, 62, 2, last_slot=0), s(61), 2, False,
+     Skip("the fleet has moved past the slot")),
+    ("run-now", FleetState(last_slot=s(61), last_end=s(62)), None, 1, True, Run(s(70))),
+    ("trigger", FleetState(trigger_at=s(65), paused_at=s(5)), s(65), 1, True, Run(s(65))),
+    ("trigger-served-elsewhere", FleetState(), s(65), 1, True,
+     Skip("another replica served the trigger request")),
+    ("trigger-after-a-later-slot", FleetState(trigger_at=s(65), last_slot=s(66)), s(65), 1,
+     True, Run(s(70))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state,slot,attempt,manual,expected",
+    [case[1:] for case in ADMISSIONS],
+    ids=[case[0] for case in ADMISSIONS],
+)
+def test_admit(
+    state: FleetState, slot: datetime | None, attempt: int, manual: bool, expected: Admission
+) -> None:
+    assert admit(job(), state, slot, attempt, manual=manual, started=s(70)) == expected

@@ -35,7 +35,7 @@ import anyio
 from ._clock import Clock
 from ._coordination import FleetState
 from ._job import Job, fingerprint
-from ._plan import Plan
+from ._plan import Delayed, Idle, OnTime, Plan, Recheck
 from ._sharing import LOOK_GRID
 from ._triggers import Cron
 
@@ -192,28 +192,34 @@ class Dispatcher:
         the delay, rounded up to :data:`LOOK_GRID` (a backup's look)."""
         self.forget(entry)
         clock = self._clock
-        slot, entry.attempt = plan.slot, plan.attempt
+        entry.attempt = 1
         # The wall clock first: the time between the two reads then makes the deadline late,
         # never early (a fixed delay must be at least the interval).
-        now = clock.now() if slot is not None else None
+        now = clock.now() if isinstance(plan, OnTime) else None
         now_m = clock.monotonic()
-        if plan.delay is not None:  # a retry of the slot, or a re-alignment (no slot)
-            entry.slot = entry.fire_at = slot
-            entry.jitter = 0.0
-            entry.base = now_m + plan.delay
-        elif slot is None:  # the schedule is over
-            entry.slot = entry.fire_at = None
-            return
-        else:
-            jitter_max = entry.job.trigger.jitter
-            if lag:  # the owner's jitter is its own: the slot's latest fire
-                entry.jitter = jitter_max
-            else:
-                entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
-            entry.slot = slot
-            entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
-            assert now is not None
-            entry.base = now_m + (entry.fire_at - now).total_seconds()  # past: due now
+        match plan:
+            case Idle():  # paused, or the schedule is over
+                entry.slot = entry.fire_at = None
+                return
+            case Recheck(delay):  # read the fleet's state again (no slot)
+                entry.slot = entry.fire_at = None
+                entry.jitter = 0.0
+                entry.base = now_m + delay
+            case Delayed(slot, delay, attempt):  # a retry, or a trigger request
+                entry.slot = entry.fire_at = slot
+                entry.attempt = attempt
+                entry.jitter = 0.0
+                entry.base = now_m + delay
+            case OnTime(slot):
+                jitter_max = entry.job.trigger.jitter
+                if lag:  # the owner's jitter is its own: the slot's latest fire
+                    entry.jitter = jitter_max
+                else:
+                    entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
+                entry.slot = slot
+                entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
+                assert now is not None
+                entry.base = now_m + (entry.fire_at - now).total_seconds()  # past: due now
         entry.lag = lag
         entry.deadline = _lagged(entry.base, lag, now_m)
         self._push(entry)

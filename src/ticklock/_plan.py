@@ -1,4 +1,12 @@
-"""What a job does next, from the fleet's state: pure functions, the same on every replica."""
+"""What a job does next, from the fleet's state: pure functions, the same on every replica.
+
+- :func:`plan`: what a job waits for next (:data:`Plan`), at start, after a run, after a
+  pause, resume or view change;
+- :func:`look`: what a backup does when it has read a slot's state (:data:`Look`, see
+  :mod:`._sharing`);
+- :func:`admit`: whether a tick that holds the lock runs its handler, and for which slot
+  (:data:`Admission`).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +17,42 @@ from datetime import datetime, timedelta
 
 from ._coordination import FleetState
 from ._job import Job, Outcome, RunResult
+from ._sharing import GRACE, STEP
 from ._triggers import Cron, Every, Trigger
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
-    """What a job waits for next: ``slot`` alone, run it at its instant (plus jitter); ``slot``
-    and ``delay``, run it again after ``delay`` seconds as attempt ``attempt`` (a retry);
-    ``delay`` alone, read the fleet's state again then (the lock was held elsewhere); neither,
-    the schedule is over."""
+class OnTime:
+    """Run ``slot`` at its instant (plus this replica's jitter)."""
 
-    slot: datetime | None
-    delay: float | None = None
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Delayed:
+    """Run ``slot`` ``delay`` seconds from now, without jitter, as attempt ``attempt``: a
+    retry (attempt 2 and more), or a trigger request served at once."""
+
+    slot: datetime
+    delay: float
     attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    """Read the fleet's state again in ``delay`` seconds (the lock was held elsewhere)."""
+
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Wait for nothing: the job is paused, or its schedule is over."""
+
+
+Plan = OnTime | Delayed | Recheck | Idle
+"""What a job waits for next."""
+IDLE = Idle()
 
 
 def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = None) -> Plan:
@@ -29,18 +60,23 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
     ``result`` of the attempt that just ended (``None``: at start, or when re-aligning).
     A paused job waits for nothing."""
     if state.paused_at is not None:
-        return Plan(None)
+        return IDLE
     if result is not None and result.outcome is Outcome.LOCKED:
-        return Plan(None, job.trigger.period)  # running elsewhere: look again a period later
+        return Recheck(job.trigger.period)  # running elsewhere: look again a period later
     retry = _retry(job, state, now)
     if retry is not None:
         return retry
     if result is None or result.outcome is Outcome.SKIPPED:
-        return Plan(first(job, state, now))
-    return Plan(after(job.trigger, result.finished_at))
+        return on_time(first(job, state, now))
+    return on_time(after(job.trigger, result.finished_at))
 
 
-def _retry(job: Job, state: FleetState, now: datetime) -> Plan | None:
+def on_time(slot: datetime | None) -> OnTime | Idle:
+    """Run ``slot`` on time; idle when there is none (the schedule is over)."""
+    return IDLE if slot is None else OnTime(slot)
+
+
+def _retry(job: Job, state: FleetState, now: datetime) -> Delayed | None:
     """The retry of the fleet's last failed slot, if it has attempts left and fits before the
     next slot (which then covers it, through ``previous_success``)."""
     failed, done = state.failed_slot, state.failed_attempts
@@ -52,7 +88,7 @@ def _retry(job: Job, state: FleetState, now: datetime) -> Plan | None:
     following = after(job.trigger, state.last_end)
     if following is not None and max(at, now) >= following:
         return None
-    return Plan(failed, max(0.0, (at - now).total_seconds()), done + 1)
+    return Delayed(failed, max(0.0, (at - now).total_seconds()), done + 1)
 
 
 def after(trigger: Trigger, end: datetime) -> datetime | None:
@@ -133,3 +169,114 @@ def overdue_at(job: Job, base: datetime) -> datetime | None:
         return None
     slack = job.trigger.jitter + job.timeout + job.overdue_grace
     return due + timedelta(seconds=slack)
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """The fleet moved past the slot (committed it, ran it, or paused the job): plan again
+    from the state read."""
+
+
+@dataclass(frozen=True, slots=True)
+class LookAgain:
+    """Read the slot's state again ``after`` seconds from now (``second``: the second look at
+    an open slot), passing over the replicas in ``missed``."""
+
+    after: float
+    second: bool = False
+    missed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Attempt the slot now, passing over the replicas in ``missed``."""
+
+    missed: tuple[str, ...] = ()
+
+
+Look = Replan | LookAgain | Attempt
+"""What a backup does once it has read a slot's state."""
+REPLAN = Replan()
+
+
+def look(
+    job: Job,
+    state: FleetState,
+    slot: datetime | None,
+    attempt: int,
+    *,
+    held: bool,
+    held_for: float,
+    ahead: tuple[str, ...],
+    observer: bool,
+    second: bool,
+) -> Look:
+    """What a backup does after reading the state of the slot it waits for (``None``: a
+    re-alignment), whether its lock is ``held`` (for ``held_for`` seconds as this replica has
+    seen it), given the replicas ``ahead`` of it, whether it only observes the job, and
+    whether this is its ``second`` look at the slot open (see :mod:`._sharing`)."""
+    if state.paused_at is not None or slot is None or stale(job, state, slot, attempt):
+        return REPLAN
+    if observer:  # declared otherwise: never attempts
+        return LookAgain(job.trigger.period)
+    if held:  # a run is in progress: look again a grace later, until it must have ended
+        if held_for < job.timeout + 2 * GRACE:
+            return LookAgain(GRACE)
+        return Attempt()  # held past any run's bound: the attempt ends its holder
+    if not second:  # the owner missed it; the first backup attempts, the others look again
+        if len(ahead) > 1:
+            return LookAgain(STEP, second=True, missed=ahead[:1])
+        return Attempt(missed=ahead[:1])
+    return Attempt(missed=ahead)  # those ahead missed it too: every backup attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run the handler for ``slot``."""
+
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Do not run the handler: ``why``."""
+
+    why: str
+
+
+Admission = Run | Skip
+"""Whether a tick that holds the job's lock runs its handler."""
+
+
+def admit(
+    job: Job,
+    state: FleetState,
+    slot: datetime | None,
+    attempt: int,
+    *,
+    manual: bool,
+    started: datetime,
+) -> Admission:
+    """Whether a tick of ``job`` that took its lock and read ``state`` at ``started`` runs,
+    for ``slot`` (``None``: the one the state says is due) as its ``attempt``-th attempt.
+
+    A manual run (``slot``: the trigger request it serves, ``None`` for ``run_now``) runs
+    whatever the schedule says, unless another replica served the request; a scheduled one
+    runs unless the job is paused, or the fleet moved past its slot."""
+    if manual:
+        if slot is not None and state.trigger_at is None:
+            return Skip("another replica served the trigger request")
+        run = slot or started
+        if state.last_slot is not None and state.last_slot >= run:
+            run = started  # a scheduled run committed a later slot meanwhile
+        return Run(run)
+    if state.paused_at is not None:
+        return Skip("paused")
+    if slot is None:  # re-align: the fleet's state says which slot is due
+        due = first(job, state, started)
+        if due is None or due > started:
+            return Skip("no slot is due")
+        return Run(due)
+    if stale(job, state, slot, attempt):
+        return Skip("the fleet has moved past the slot")
+    return Run(slot)

@@ -23,6 +23,7 @@ from ._coordination import Attempt, Coordinator, FleetState
 from ._dispatcher import Dispatcher, watch
 from ._errors import describe
 from ._job import Job, JobContext, Outcome, RunResult
+from ._plan import Skip
 from ._telemetry import JOB_ID, Telemetry, logger
 
 
@@ -175,24 +176,11 @@ class Runner:
             run.outcome = Outcome.LOCKED
             return
         state = run.state = attempt.state
-        if run.manual:
-            if requested is not None and state.trigger_at is None:
-                run.outcome = Outcome.SKIPPED  # another replica served the request
-                return
-            if state.last_slot is not None and state.last_slot >= (run.slot or started):
-                run.slot = started  # a scheduled run committed a later slot meanwhile
-        elif state.paused_at is not None:
+        admission = _plan.admit(job, state, requested, number, manual=run.manual, started=started)
+        if isinstance(admission, Skip):
             run.outcome = Outcome.SKIPPED
             return
-        else:
-            if run.slot is None:  # re-align: the fleet's state says which slot is due
-                run.slot = _plan.first(job, state, started)
-                if run.slot is None or run.slot > started:
-                    run.outcome = Outcome.SKIPPED
-                    return
-            elif _plan.stale(job, state, run.slot, number):
-                run.outcome = Outcome.SKIPPED
-                return
+        run.slot = admission.slot
         assert run.slot is not None
         ctx = JobContext(
             job_id=job.id,

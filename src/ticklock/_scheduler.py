@@ -29,10 +29,10 @@ from ._fleet import Fleet
 from ._health import judge
 from ._job import Handler, Job, JobHealth, Outcome, RunResult, declaration
 from ._operations import SchedulerFleet
-from ._plan import Plan, plan, stale
+from ._plan import Attempt, Delayed, LookAgain, OnTime, Plan, Recheck, Replan, look, plan
 from ._runner import Runner
 from ._runs import Runs
-from ._sharing import GRACE, STEP, Member, Share
+from ._sharing import GRACE, Member, Share
 from ._telemetry import Telemetry, logger
 from ._triggers import Trigger
 from ._validate import Duration, identifier, name, seconds
@@ -425,8 +425,10 @@ class Scheduler:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
         backup, to look at it a grace after its slot (see :mod:`._sharing`)."""
         entry.stage = 0
-        entry.ahead, entry.observer = self._role(entry, plan.attempt)
-        lag = GRACE if entry.ahead and plan.slot is not None else 0.0
+        attempt = plan.attempt if isinstance(plan, Delayed) else 1
+        entry.ahead, entry.observer = self._role(entry, attempt)
+        slotted = isinstance(plan, (OnTime, Delayed))
+        lag = GRACE if entry.ahead and slotted else 0.0
         self._dispatcher.schedule(entry, plan, lag)
 
     def _role(self, entry: Entry, attempt: int) -> tuple[tuple[str, ...], bool]:
@@ -474,7 +476,7 @@ class Scheduler:
                     self._looked(entry, state, entry.job.id in held)
             except Exception:  # a bug in ticklock itself must not stop the job
                 logger.exception("internal error in a look at %s", entry.job.id)
-                self._schedule(entry, Plan(None, entry.job.trigger.period))
+                self._schedule(entry, Recheck(entry.job.trigger.period))
 
     def _looked(self, entry: Entry, state: FleetState, held: bool) -> None:
         """A backup read the job's ``state``, and whether its lock is ``held``: plan from it
@@ -485,36 +487,35 @@ class Scheduler:
         self._share.ran(state.last_owner, state.last_end)
         if entry.own_failures:
             self._judge(entry)
-        paused = state.paused_at is not None  # heard here first: the owner rightly skipped it
-        if paused or entry.slot is None or stale(job, state, entry.slot, entry.attempt):
-            entry.held_at = None
-            self._plan(entry, None)
-            return
         now, now_m = self._clock.now(), self._clock.monotonic()
-        since = now_m - entry.base  # seconds since the slot's latest fire (or delay's end)
-        if entry.observer:  # declared otherwise: never attempts, looks again a period later
-            self._dispatcher.requeue(entry, since + job.trigger.period)
-            return
-        if held:  # a run is in progress: presume it succeeds, and look again a grace later
-            if entry.held_at is None:
-                entry.held_at = now
-            if now - entry.held_at < timedelta(seconds=job.timeout + 2 * GRACE):
-                self._dispatcher.requeue(entry, since + GRACE)
-                return
-            # still open and held past any run's bound: attempt (its holder is ended)
-        elif entry.stage == 0:  # the owner missed it: pass it over; the next backup attempts
+        if held:
+            entry.held_at = entry.held_at or now  # presume the run succeeds (health)
+        held_for = 0.0 if entry.held_at is None else (now - entry.held_at).total_seconds()
+        decision = look(
+            job,
+            state,
+            entry.slot,
+            entry.attempt,
+            held=held,
+            held_for=held_for,
+            ahead=entry.ahead,
+            observer=entry.observer,
+            second=entry.stage == 1,
+        )
+        if not held:
             entry.held_at = None
-            self._missed(entry, entry.ahead[:1], now)
-            entry.ahead, entry.observer = self._role(entry, entry.attempt)
-            if entry.ahead:
-                entry.stage = 1
-                self._dispatcher.requeue(entry, since + STEP)
-                return
-        else:  # those ahead missed it too: every backup attempts, the lock lets one run
-            entry.held_at = None
-            self._missed(entry, entry.ahead, now)
-        self._dispatcher.forget(entry)
-        self._attempt(entry)
+        match decision:
+            case Replan():
+                entry.held_at = None
+                self._plan(entry, None)
+            case LookAgain(after, second, missed):
+                self._missed(entry, missed, now)
+                entry.stage = 1 if second else entry.stage
+                self._dispatcher.requeue(entry, now_m - entry.base + after)
+            case Attempt(missed):
+                self._missed(entry, missed, now)
+                self._dispatcher.forget(entry)
+                self._attempt(entry)
 
     def _missed(self, entry: Entry, owners: tuple[str, ...], at: datetime) -> None:
         news = [owner for owner in owners if not self._share.silent(owner)]
@@ -553,7 +554,7 @@ class Scheduler:
             if entry.slot is not None and entry.attempt == 1:  # a slot, not a retry's delay
                 # the same slot: an owner at it plus its own jitter, a backup a grace after
                 # its latest fire (the owner's jitter is not this replica's)
-                self._schedule(entry, Plan(entry.slot))
+                self._schedule(entry, OnTime(entry.slot))
             else:
                 entry.ahead, entry.observer = role
                 self._dispatcher.requeue(entry, GRACE if entry.ahead and entry.slot else 0.0)
@@ -597,7 +598,7 @@ class Scheduler:
         except Exception:  # a bug in ticklock itself must not stop the job
             logger.exception("internal error in a tick of %s", job.id)
             if not entry.removed and self._status == "running":
-                self._schedule(entry, Plan(None, job.trigger.period))
+                self._schedule(entry, Recheck(job.trigger.period))
             return
         finally:
             entry.running = False
@@ -688,7 +689,7 @@ class Scheduler:
 
     def _serve_trigger(self, entry: Entry, at: datetime) -> None:
         entry.manual = True
-        self._schedule(entry, Plan(at, 0.0))
+        self._schedule(entry, Delayed(at, 0.0))
 
     def _declared(self) -> Declared:
         jobs = self._entries.values()
