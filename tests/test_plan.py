@@ -25,6 +25,7 @@ from ticklock._plan import (
     Admission,
     Attempt,
     Delayed,
+    Idle,
     Look,
     LookAgain,
     OnTime,
@@ -32,10 +33,13 @@ from ticklock._plan import (
     Recheck,
     Replan,
     Run,
+    Serve,
     Skip,
     admit,
+    after_run,
     look,
     plan,
+    steer,
 )
 from ticklock.testing import ManualClock
 
@@ -355,3 +359,52 @@ def test_admit(
     state: FleetState, slot: datetime | None, attempt: int, manual: bool, expected: Admission
 ) -> None:
     assert admit(job(), state, slot, attempt, manual=manual, started=s(70)) == expected
+
+
+def manual(outcome: Outcome, slot: float, end: float) -> RunResult:
+    return RunResult("j", outcome, s(slot), s(end - 1), s(end), "me", manual=True)
+
+
+AFTER_RUNS = [
+    # (id, state, result, plan); now = the result's end
+    ("scheduled", FleetState(last_slot=s(0), last_end=s(1)), ended(Outcome.SUCCESS, 0, 1),
+     OnTime(s(61))),
+    ("asked-meanwhile", FleetState(last_slot=s(0), last_end=s(1), trigger_at=s(0.5)),
+     ended(Outcome.SUCCESS, 0, 1), Serve(s(0.5))),
+    ("served", FleetState(last_slot=s(5), last_end=s(6)), manual(Outcome.SUCCESS, 5, 6),
+     OnTime(s(66))),
+    ("served-elsewhere", FleetState(last_slot=s(0), last_end=s(6)),
+     manual(Outcome.SKIPPED, 5, 6), OnTime(s(66))),
+    ("serving-failed-to-start", FleetState(last_slot=s(0), last_end=s(1), trigger_at=s(5)),
+     manual(Outcome.ERROR, 5, 6), OnTime(s(61))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state,result,expected",
+    [case[1:] for case in AFTER_RUNS],
+    ids=[case[0] for case in AFTER_RUNS],
+)
+def test_after_run(state: FleetState, result: RunResult, expected: Plan) -> None:
+    assert after_run(job(), state, result.finished_at, result) == expected
+
+
+STEERS = [
+    # (id, state, toggled, serving, plan); now = s(70)
+    ("asked", FleetState(trigger_at=s(65)), False, False, Serve(s(65))),
+    ("asked-already-serving", FleetState(trigger_at=s(65)), False, True, None),
+    ("paused", FleetState(paused_at=s(65)), True, False, Idle()),
+    ("resumed-catch-up", FleetState(last_slot=s(0), last_end=s(1)), True, False, OnTime(s(61))),
+    ("served-elsewhere", FleetState(last_slot=s(0), last_end=s(69)), False, True,
+     OnTime(s(129))),
+    ("nothing-changed", FleetState(last_slot=s(0), last_end=s(1)), False, False, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state,toggled,serving,expected",
+    [case[1:] for case in STEERS],
+    ids=[case[0] for case in STEERS],
+)
+def test_steer(state: FleetState, toggled: bool, serving: bool, expected: Plan | None) -> None:
+    assert steer(job(), state, s(70), toggled=toggled, serving=serving) == expected

@@ -35,7 +35,7 @@ import anyio
 from ._clock import Clock
 from ._coordination import FleetState
 from ._job import Job, fingerprint
-from ._plan import Delayed, Idle, OnTime, Plan, Recheck
+from ._plan import Delayed, Idle, OnTime, Plan, Recheck, Serve
 from ._sharing import LOOK_GRID
 from ._triggers import Cron
 
@@ -205,11 +205,15 @@ class Dispatcher:
                 entry.slot = entry.fire_at = None
                 entry.jitter = 0.0
                 entry.base = now_m + delay
-            case Delayed(slot, delay, attempt):  # a retry, or a trigger request
+            case Delayed(slot, delay, attempt):  # a retry
                 entry.slot = entry.fire_at = slot
                 entry.attempt = attempt
                 entry.jitter = 0.0
                 entry.base = now_m + delay
+            case Serve(slot):  # a trigger request, at once
+                entry.slot = entry.fire_at = slot
+                entry.jitter = 0.0
+                entry.base = now_m
             case OnTime(slot):
                 jitter_max = entry.job.trigger.jitter
                 if lag:  # the owner's jitter is its own: the slot's latest fire

@@ -31,11 +31,18 @@ class OnTime:
 @dataclass(frozen=True, slots=True)
 class Delayed:
     """Run ``slot`` ``delay`` seconds from now, without jitter, as attempt ``attempt``: a
-    retry (attempt 2 and more), or a trigger request served at once."""
+    retry."""
 
     slot: datetime
     delay: float
     attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Serve the trigger request made at ``slot``: one manual run, at once."""
+
+    slot: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,7 @@ class Idle:
     """Wait for nothing: the job is paused, or its schedule is over."""
 
 
-Plan = OnTime | Delayed | Recheck | Idle
+Plan = OnTime | Delayed | Serve | Recheck | Idle
 """What a job waits for next."""
 IDLE = Idle()
 
@@ -69,6 +76,33 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
     if result is None or result.outcome is Outcome.SKIPPED:
         return on_time(first(job, state, now))
     return on_time(after(job.trigger, result.finished_at))
+
+
+def after_run(job: Job, state: FleetState, now: datetime, result: RunResult) -> Plan:
+    """What ``job`` waits for once an attempt ended with ``result`` (``state``: the fleet's,
+    as read under the lock, with ``result`` folded in)."""
+    if result.manual:
+        if state.trigger_at is None or result.outcome is Outcome.SUCCESS:
+            # served (or not ours to serve): back to the schedule, from the fleet's state
+            executed = result.outcome not in (Outcome.LOCKED, Outcome.SKIPPED)
+            return plan(job, state, now, result if executed else None)
+        return plan(job, state, now)  # it failed to start: again at the next beat, not in a loop
+    if state.trigger_at is not None:
+        return Serve(state.trigger_at)  # asked for while this run ran
+    return plan(job, state, now, result)
+
+
+def steer(
+    job: Job, state: FleetState, now: datetime, *, toggled: bool, serving: bool
+) -> Plan | None:
+    """What ``job`` waits for once operators changed its pause or trigger request (``state``
+    holds the new ones; ``toggled``: paused or resumed; ``serving``: it waits to serve a
+    request already), or ``None`` to keep waiting as it does."""
+    if state.trigger_at is not None:
+        return None if serving else Serve(state.trigger_at)
+    if toggled or serving:  # resumed by the catch_up rule, paused, or the request was served
+        return plan(job, state, now)
+    return None
 
 
 def on_time(slot: datetime | None) -> OnTime | Idle:

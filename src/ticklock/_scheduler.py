@@ -29,7 +29,20 @@ from ._fleet import Fleet
 from ._health import judge
 from ._job import Handler, Job, JobHealth, Outcome, RunResult, declaration
 from ._operations import SchedulerFleet
-from ._plan import Attempt, Delayed, LookAgain, OnTime, Plan, Recheck, Replan, look, plan
+from ._plan import (
+    Attempt,
+    Delayed,
+    LookAgain,
+    OnTime,
+    Plan,
+    Recheck,
+    Replan,
+    Serve,
+    after_run,
+    look,
+    plan,
+    steer,
+)
 from ._runner import Runner
 from ._runs import Runs
 from ._sharing import GRACE, Member, Share
@@ -425,9 +438,10 @@ class Scheduler:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
         backup, to look at it a grace after its slot (see :mod:`._sharing`)."""
         entry.stage = 0
+        entry.manual = isinstance(plan, Serve)  # a trigger request: this replica serves it
         attempt = plan.attempt if isinstance(plan, Delayed) else 1
         entry.ahead, entry.observer = self._role(entry, attempt)
-        slotted = isinstance(plan, (OnTime, Delayed))
+        slotted = isinstance(plan, (OnTime, Delayed, Serve))
         lag = GRACE if entry.ahead and slotted else 0.0
         self._dispatcher.schedule(entry, plan, lag)
 
@@ -616,24 +630,13 @@ class Scheduler:
         self._observe(entry, result, state)
         if not result.manual:
             self._count(entry, result)
-        entry.manual = False
         if entry.steered:  # paused, resumed or triggered while it ran
             entry.steered = False
             self._coordinator.poke()
         if entry.removed or self._status != "running":
             return
         state = entry.state or _NO_STATE
-        if result.manual:
-            if state.trigger_at is None or result.outcome is Outcome.SUCCESS:
-                # served (or not ours to serve): back to the schedule, from the fleet's state
-                executed = result.outcome not in (Outcome.LOCKED, Outcome.SKIPPED)
-                self._plan(entry, result if executed else None)
-            else:  # failed to start: try again at the next beat, not in a loop
-                self._plan(entry, None)
-        elif state.trigger_at is not None:
-            self._serve_trigger(entry, state.trigger_at)  # asked for while this run ran
-        else:
-            self._plan(entry, result)
+        self._schedule(entry, after_run(entry.job, state, self._clock.now(), result))
 
     def _count(self, entry: Entry, result: RunResult) -> None:
         """Count this replica's failed runs of the job in a row (since when), and judge
@@ -687,10 +690,6 @@ class Scheduler:
         state = entry.state or _NO_STATE
         self._schedule(entry, plan(entry.job, state, self._clock.now(), result))
 
-    def _serve_trigger(self, entry: Entry, at: datetime) -> None:
-        entry.manual = True
-        self._schedule(entry, Delayed(at, 0.0))
-
     def _declared(self) -> Declared:
         jobs = self._entries.values()
         return Declared(
@@ -729,12 +728,10 @@ class Scheduler:
                 continue
             if entry.removed:
                 continue
-            if trigger_at is not None:
-                if not entry.manual:
-                    self._serve_trigger(entry, trigger_at)
-            elif (was is None) != (paused_at is None) or entry.manual:
-                entry.manual = False
-                self._plan(entry, None)
+            toggled = (was is None) != (paused_at is None)
+            steered = steer(entry.job, state, now, toggled=toggled, serving=entry.manual)
+            if steered is not None:
+                self._schedule(entry, steered)
 
     # -- operations ----------------------------------------------------------------------
 
