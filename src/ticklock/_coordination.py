@@ -25,9 +25,9 @@ FUTURE_LIMIT = 2.0
 clock runs further ahead cannot commit (its slots would stop the fleet until then)."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class FleetState:
-    """What the fleet knows of one job."""
+    """What the fleet knows of one job (frozen: a new state comes from an old one and a run)."""
 
     last_slot: datetime | None = None
     """The watermark: the slot of the last successful run."""
@@ -46,38 +46,48 @@ class FleetState:
     last_owner: str | None = None
     """The replica whose run executed last (the one that failed ``failed_slot``, if set)."""
 
-    def copy(self) -> FleetState:
-        """A copy of this state."""
-        return replace(self)
+    def committed(self, result: RunResult) -> FleetState:
+        """This state with a successful run folded in."""
+        return replace(
+            self,
+            last_slot=result.slot,
+            last_end=result.finished_at,
+            last_success_at=result.finished_at,
+            consecutive_failures=0,
+            failed_slot=None,
+            failed_attempts=0,
+            last_owner=result.owner,
+            trigger_at=self._served(result),
+        )
 
-    def committed(self, result: RunResult) -> None:
-        """Fold a successful run into the state."""
-        self.last_slot = result.slot
-        self.last_end = result.finished_at
-        self.last_success_at = result.finished_at
-        self.consecutive_failures = 0
-        self.failed_slot, self.failed_attempts = None, 0
-        self.last_owner = result.owner
-        self._served(result)
+    def failed(self, result: RunResult) -> FleetState:
+        """This state with a run that executed and did not commit folded in."""
+        last_end = self.last_end
+        if last_end is None or result.finished_at > last_end:
+            last_end = result.finished_at
+        state = replace(self, last_end=last_end, trigger_at=self._served(result))
+        if result.slot is not None and self.last_slot is not None and self.last_slot >= result.slot:
+            return state  # a later slot committed meanwhile: this failure changes nothing else
+        if result.manual:  # a manual run is not retried
+            return replace(
+                state, consecutive_failures=self.consecutive_failures + 1, last_owner=result.owner
+            )
+        same = self.failed_slot == result.slot
+        return replace(
+            state,
+            consecutive_failures=self.consecutive_failures + 1,
+            failed_slot=result.slot,
+            failed_attempts=self.failed_attempts + 1 if same else 1,
+            last_owner=result.owner,
+        )
 
-    def failed(self, result: RunResult) -> None:
-        """Fold a run that executed and did not commit into the state."""
-        if self.last_end is None or result.finished_at > self.last_end:
-            self.last_end = result.finished_at
-        if result.slot is None or self.last_slot is None or self.last_slot < result.slot:
-            self.consecutive_failures += 1
-            if not result.manual:  # a manual run is not retried
-                same = self.failed_slot == result.slot
-                self.failed_slot = result.slot
-                self.failed_attempts = self.failed_attempts + 1 if same else 1
-            self.last_owner = result.owner
-        self._served(result)
-
-    def _served(self, result: RunResult) -> None:
-        """A manual run that executed serves the trigger requests made up to its slot."""
+    def _served(self, result: RunResult) -> datetime | None:
+        """The trigger request left once ``result`` ran: a manual run that executed serves the
+        requests made up to its slot."""
         pending = self.trigger_at
         if result.manual and pending is not None and result.slot and pending <= result.slot:
-            self.trigger_at = None
+            return None
+        return pending
 
 
 class Control(NamedTuple):
@@ -196,10 +206,11 @@ class _LocalAttempt:
         self.acquired = acquired
         self.conn: asyncpg.Connection[Any] | None = None
         state = coordinator.states.get(job_id)
-        self.state = FleetState() if state is None else state.copy()
+        self.state = FleetState() if state is None else state
 
     async def commit(self, result: RunResult, job: Job) -> None:
-        self._coordinator.states.setdefault(self._job_id, FleetState()).committed(result)
+        states = self._coordinator.states
+        states[self._job_id] = states.get(self._job_id, FleetState()).committed(result)
         self._coordinator.recorded(result)
 
     async def close(self) -> None:
@@ -221,6 +232,15 @@ class LocalCoordinator:
         self.ready = True
         self.problem: str | None = None
         self._poked: anyio.Event | None = None
+
+    def steer(
+        self, job_id: str, *, paused_at: datetime | None, trigger_at: datetime | None
+    ) -> FleetState:
+        """Record what operators asked of the job (local mode's pause, resume, trigger)."""
+        state = self.states[job_id] = replace(
+            self.states.get(job_id, FleetState()), paused_at=paused_at, trigger_at=trigger_at
+        )
+        return state
 
     def recorded(self, result: RunResult) -> None:
         """Keep ``result`` in the job's history."""
@@ -262,7 +282,7 @@ class LocalCoordinator:
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """A copy of the in-process state."""
-        return {job_id: s.copy() for job_id, s in self.states.items()}
+        return dict(self.states)
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
         """Take the job's in-process lock if it is free (one clock: nothing is ahead)."""
@@ -273,12 +293,12 @@ class LocalCoordinator:
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
         """Copies of the in-process states, and the jobs whose lock is held."""
-        states = {i: self.states[i].copy() for i in job_ids if i in self.states}
+        states = {i: self.states[i] for i in job_ids if i in self.states}
         return states, frozenset(self.held.intersection(job_ids))
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Count the failure in the in-process state."""
-        self.states.setdefault(result.job_id, FleetState()).failed(result)
+        self.states[result.job_id] = self.states.get(result.job_id, FleetState()).failed(result)
         self.recorded(result)
 
     def classify(self, exc: BaseException) -> Outcome | None:

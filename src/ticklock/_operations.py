@@ -122,7 +122,10 @@ class SchedulerFleet:
             await fleet.pause(job_id)
         else:
             state = self._state(job_id)
-            state.paused_at = state.paused_at or self._clock.now()
+            now = self._clock.now()
+            self._local().steer(
+                job_id, paused_at=state.paused_at or now, trigger_at=state.trigger_at
+            )
         self._coordinator().poke()
 
     async def resume(self, job_id: str) -> None:
@@ -130,7 +133,8 @@ class SchedulerFleet:
         if (fleet := self._fleet()) is not None:
             await fleet.resume(job_id)
         else:
-            self._state(job_id).paused_at = None
+            state = self._state(job_id)
+            self._local().steer(job_id, paused_at=None, trigger_at=state.trigger_at)
         self._coordinator().poke()
 
     async def trigger(self, job_id: str) -> datetime:
@@ -142,7 +146,8 @@ class SchedulerFleet:
             if job is None or not job.enabled:
                 raise KeyError(f"job {job_id!r} is not declared, or declared with enabled=False")
             state = self._state(job_id)
-            at = state.trigger_at = state.trigger_at or self._clock.now()
+            at = state.trigger_at or self._clock.now()
+            self._local().steer(job_id, paused_at=state.paused_at, trigger_at=at)
         self._coordinator().poke()
         return at
 
@@ -165,7 +170,7 @@ class SchedulerFleet:
 
     def _state(self, job_id: str) -> FleetState:
         self._known(job_id)
-        return self._local().states.setdefault(job_id, FleetState())
+        return self._local().states.get(job_id) or FleetState()
 
 
 def _state(job: Job | None, health: JobHealth | None) -> JobState:

@@ -152,7 +152,7 @@ class Runner:
                 result = run.result = self._result(job, run, started)
                 await attempt.commit(result, job)
                 if run.state is not None:
-                    run.state.committed(result)
+                    run.state = run.state.committed(result)
         except anyio.get_cancelled_exc_class():
             run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
             with anyio.CancelScope(shield=True):
@@ -267,7 +267,7 @@ class Runner:
             result = self._result(job, run, started)
         if run.executed and result.outcome is not Outcome.SUCCESS:
             if run.state is not None:
-                run.state.failed(result)
+                run.state = run.state.failed(result)
             try:
                 await self.coordinator.record_failure(result, job)
             except Exception:

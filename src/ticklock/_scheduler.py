@@ -8,6 +8,7 @@ import random as _random
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -709,13 +710,11 @@ class Scheduler:
             if not entry.job.enabled:
                 continue
             paused_at, trigger_at = controls.get(job_id, _NO_CONTROL)
-            state = entry.state
-            if state is None:
-                if paused_at is None and trigger_at is None:
-                    continue
-                state = entry.state = FleetState()
-            was, asked = state.paused_at, state.trigger_at
-            state.paused_at, state.trigger_at = paused_at, trigger_at
+            if entry.state is None and paused_at is None and trigger_at is None:
+                continue
+            old = entry.state or _NO_STATE
+            was, asked = old.paused_at, old.trigger_at
+            state = entry.state = replace(old, paused_at=paused_at, trigger_at=trigger_at)
             if was is not None and paused_at is None:  # resumed: the pause is not overdue
                 base, paused = entry.credit
                 if base != state.last_success_at:
