@@ -16,8 +16,8 @@ import anyio.lowlevel
 import pytest
 
 from ticklock import JobContext, Scheduler, SystemClock, every
+from ticklock._blocked import watch as watch_with
 from ticklock._dispatcher import Dispatcher
-from ticklock._dispatcher import watch as watch_with
 
 
 async def watch(awaitable: Awaitable[T], job_id: str) -> T:

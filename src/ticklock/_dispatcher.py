@@ -10,10 +10,9 @@ Cron deadlines are wall-clock instants: while a cron job is scheduled the loop r
 wall clock at least every :data:`WALL_WATCH` seconds, so that a wall-clock step is noticed
 within that bound, and it never starts a cron run before its instant.
 
-A handler that blocks the event loop (synchronous work in an ``async def``) stops every job
-and the app with it. :func:`watch` times each step of a handler and names the job whose step
-held the loop for more than :data:`BLOCKED_WARNING` seconds; the loop warns, without a name,
-when it wakes that late for any other reason (code outside the handlers).
+A handler that blocks the event loop stops every job and the app with it: :mod:`._blocked`
+names the job whose step held the loop; the loop warns, without a name, when it wakes late by
+as much for any other reason (code outside the handlers).
 """
 
 from __future__ import annotations
@@ -23,140 +22,27 @@ import itertools
 import logging
 import math
 import random as _random
-import types
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from time import monotonic
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn
 
 import anyio
 
+from ._blocked import BLOCKED_WARNING, THREADING_ADVICE
 from ._clock import Clock
-from ._coordination import FleetState
-from ._job import Job, fingerprint
+from ._entry import Entry
 from ._plan import Delayed, Idle, OnTime, Plan, Recheck, Serve
 from ._sharing import LOOK_GRID
-from ._triggers import Cron
 
 WALL_WATCH = 5.0
 """Seconds between wall-clock checks while any cron job is scheduled (the G8 bound)."""
 STEP_TOLERANCE = 0.1
 """A change of the wall-minus-monotonic offset larger than this re-plans cron deadlines."""
-BLOCKED_WARNING = 1.0
-"""A handler step, or a wake-up past a deadline, this many seconds long means the event loop
-was blocked: warn."""
 MIN_COMPACT = 64
 """Superseded heap items are dropped once there are more than this and than live ones."""
 
 logger = logging.getLogger("ticklock")
-T = TypeVar("T")
-_THREADING_ADVICE = "run it in a worker thread with 'await anyio.to_thread.run_sync(...)'"
-
-
-@types.coroutine
-def watch(
-    awaitable: Awaitable[T], job_id: str, blocked: Callable[[str, float], None]
-) -> Generator[Any, Any, T]:
-    """Await ``awaitable`` (a run of job ``job_id``), calling ``blocked(job_id, seconds)`` when
-    one of its steps holds the event loop for more than :data:`BLOCKED_WARNING` seconds.
-
-    A step is the code between two suspensions, so a step that long is synchronous work on
-    the loop. Two clock reads per step, no thread, no timer: a handler that returns without
-    suspending pays about 0.6 µs. The awaitable is driven step by step (send, throw, close
-    are passed through), so results, exceptions and cancellation are those of the handler.
-    """
-    steps: Any = awaitable if type(awaitable) is types.CoroutineType else awaitable.__await__()
-    sent: Any = None
-    thrown: BaseException | None = None
-    while True:
-        start = monotonic()
-        try:
-            signal = steps.send(sent) if thrown is None else steps.throw(thrown)
-        except StopIteration as stop:
-            if (held := monotonic() - start) > BLOCKED_WARNING:
-                blocked(job_id, held)
-            return stop.value  # type: ignore[no-any-return]
-        except BaseException:
-            thrown = None  # not kept: the traceback holds this frame
-            if (held := monotonic() - start) > BLOCKED_WARNING:
-                blocked(job_id, held)
-            raise
-        thrown = None
-        if (held := monotonic() - start) > BLOCKED_WARNING:
-            blocked(job_id, held)
-        try:
-            sent = yield signal
-        except GeneratorExit:  # closed without finishing: close the handler too
-            steps.close()
-            raise
-        except BaseException as exc:  # cancellation, or anything else thrown in
-            sent, thrown = None, exc
-
-
-class Entry:
-    """The runtime state of one scheduled job."""
-
-    __slots__ = (
-        "ahead",
-        "attempt",
-        "base",
-        "credit",
-        "deadline",
-        "failing_since",
-        "fingerprint",
-        "fire_at",
-        "generation",
-        "held_at",
-        "is_cron",
-        "jitter",
-        "job",
-        "lag",
-        "manual",
-        "observer",
-        "own_failures",
-        "queued",
-        "removed",
-        "running",
-        "since",
-        "slot",
-        "stage",
-        "steered",
-        "state",
-    )
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.is_cron = isinstance(job.trigger, Cron)
-        self.slot: datetime | None = None
-        self.attempt = 1  # of the slot: 2 and more for a retry
-        self.fire_at: datetime | None = None
-        self.jitter = 0.0
-        self.deadline = math.inf
-        self.base = math.inf  # the slot's latest fire, or the delay's end (may be past)
-        self.lag = 0.0  # > 0: the deadline is a backup's look at the slot, not an attempt
-        self.generation = 0
-        self.queued = False  # its current deadline is in the heap
-        self.running = False
-        self.removed = False
-        self.since: datetime | None = None  # when it was scheduled: the overdue base
-        self.state: FleetState | None = None  # the fleet's state as this replica last saw it
-        # when this replica last found the job's lock held by a run elsewhere, since it last
-        # read the fleet's state: that run's outcome is learnt at the next attempt
-        self.held_at: datetime | None = None
-        self.manual = False  # the next run serves a trigger request (its slot)
-        self.steered = False  # operators changed its pause or trigger while it ran
-        # (last success, seconds paused since): the time a job was paused is not overdue
-        self.credit: tuple[datetime | None, float] = (None, 0.0)
-        self.ahead: tuple[str, ...] = ()  # the replicas ranked before this one (see _sharing)
-        self.observer = False  # declared otherwise than the ruling declaration: never attempts
-        self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
-        self.own_failures = 0  # this replica's consecutive failed runs of the job
-        self.failing_since: datetime | None = None  # the start of the first of them
-        self.fingerprint = fingerprint(job)  # of its declaration, which this replica publishes
-
-    def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
-        return id(self) < id(other)
 
 
 class _Timeout:
@@ -290,7 +176,7 @@ class Dispatcher:
             "work on the event loop, which holds up every job and the application; %s",
             seconds,
             job_id,
-            _THREADING_ADVICE,
+            THREADING_ADVICE,
             extra={"job_id": job_id, "blocked": seconds},
         )
 
@@ -353,7 +239,7 @@ class Dispatcher:
                     "the event loop was blocked for %.1f s, so jobs start late: some code "
                     "runs synchronous work on the event loop; %s",
                     late,
-                    _THREADING_ADVICE,
+                    THREADING_ADVICE,
                 )
 
     def _watch_wall(self, now: datetime, now_m: float) -> None:

@@ -17,10 +17,11 @@ import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import _plan
+from ._blocked import watch
 from ._caps import bound_error, bound_report, report_text
 from ._clock import Clock
 from ._coordination import Attempt, Coordinator, FleetState
-from ._dispatcher import Dispatcher, watch
+from ._dispatcher import Dispatcher
 from ._errors import describe
 from ._job import Job, JobContext, Outcome, RunResult
 from ._plan import Skip

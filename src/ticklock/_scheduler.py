@@ -24,7 +24,8 @@ from ._coordination import (
     FleetState,
     LocalCoordinator,
 )
-from ._dispatcher import Dispatcher, Entry
+from ._dispatcher import Dispatcher
+from ._entry import Entry
 from ._errors import ScheduleError, SchedulerStateError, StartupError
 from ._fleet import Fleet
 from ._health import judge
