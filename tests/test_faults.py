@@ -18,7 +18,7 @@ import pytest
 
 from helpers import eventually
 from ops_app import LOG_TABLE
-from test_operations import Replicas, db_now, json_job, wait_live, wait_run
+from test_operations import Replicas, count_beats, db_now, json_job, wait_live, wait_run
 from ticklock._sharing import weight
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -203,14 +203,7 @@ async def test_a_storm_of_notifications_makes_no_storm_of_heartbeats(
     s = ops.schema
     migrated = await ops.cli("migrate")
     assert migrated.code == 0, migrated
-    await pg_conn.execute(
-        f"""
-CREATE TABLE {s}.beats (owner text, at timestamptz DEFAULT clock_timestamp());
-CREATE FUNCTION {s}.beat() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO {s}.beats (owner) VALUES (NEW.owner); RETURN NULL; END $$;
-CREATE TRIGGER beat AFTER INSERT OR UPDATE ON {s}.replicas
-    FOR EACH ROW EXECUTE FUNCTION {s}.beat();"""
-    )
+    await count_beats(pg_conn, s)
     start(ops, "a", "pause")
     await wait_live(pg_conn, s, {"a"})
     await anyio.sleep(3)

@@ -215,6 +215,19 @@ async def sessions(conn: Any, schema: str, listening: bool = False) -> int:
     return count
 
 
+async def count_beats(conn: Any, schema: str) -> None:
+    """Log every beat of the replicas table in ``<schema>.beats`` (a trigger), so that the
+    beats are counted exactly: ``SELECT count(*) FROM <schema>.beats WHERE at > ...``."""
+    await conn.execute(
+        f"""
+CREATE TABLE {schema}.beats (owner text, at timestamptz DEFAULT clock_timestamp());
+CREATE FUNCTION {schema}.beat() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO {schema}.beats (owner) VALUES (NEW.owner); RETURN NULL; END $$;
+CREATE TRIGGER beat AFTER INSERT OR UPDATE ON {schema}.replicas
+    FOR EACH ROW EXECUTE FUNCTION {schema}.beat();"""
+    )
+
+
 async def job_row(conn: Any, schema: str, job: str) -> Any:
     return await conn.fetchrow(
         f"SELECT * FROM {schema}.jobs WHERE namespace = 'default' AND job_id = $1", job
@@ -625,14 +638,7 @@ async def test_an_idle_replica_that_listens_beats_only_every_fifteen_seconds(
     s = ops.schema
     migrated = await ops.cli("migrate")
     assert migrated.code == 0, migrated
-    await pg_conn.execute(
-        f"""
-CREATE TABLE {s}.beats (owner text, at timestamptz DEFAULT clock_timestamp());
-CREATE FUNCTION {s}.beat() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO {s}.beats (owner) VALUES (NEW.owner); RETURN NULL; END $$;
-CREATE TRIGGER beat AFTER INSERT OR UPDATE ON {s}.replicas
-    FOR EACH ROW EXECUTE FUNCTION {s}.beat();"""
-    )
+    await count_beats(pg_conn, s)
     ops.start("I", "idle")
     await wait_live(pg_conn, s, {"I"})
 

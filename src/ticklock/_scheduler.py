@@ -417,15 +417,18 @@ class Scheduler:
 
     def _make_postgres(self) -> Coordinator:
         from ._postgres.coordinator import PostgresCoordinator
+        from ._postgres.database import Database
 
         return PostgresCoordinator(
-            dsn=self._dsn,
-            pool=self._pool,
-            namespace=self.namespace,
-            schema=self.schema,
-            clock=self._clock,
-            random=self._random,
-            require_database=self._require_database,
+            Database(
+                dsn=self._dsn,
+                pool=self._pool,
+                namespace=self.namespace,
+                schema=self.schema,
+                clock=self._clock,
+                random=self._random,
+                require_database=self._require_database,
+            )
         )
 
     def _start_job(self, entry: Entry, now: datetime) -> None:

@@ -24,10 +24,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from random import Random
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from .._clock import Clock
 from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState
 from .._errors import ClockAhead
 from .._job import Job, Outcome, RunResult
@@ -55,28 +53,10 @@ class PostgresCoordinator:
     """Coordination through one PostgreSQL database (see the module docstring and
     :class:`~.database.Database` for what happens while it does not answer)."""
 
-    def __init__(
-        self,
-        *,
-        dsn: str | None,
-        pool: asyncpg.Pool[Any] | None,
-        namespace: str,
-        schema: str,
-        clock: Clock,
-        random: Random,
-        require_database: bool = False,
-    ) -> None:
-        self.db = Database(
-            dsn=dsn,
-            pool=pool,
-            namespace=namespace,
-            schema=schema,
-            clock=clock,
-            random=random,
-            require_database=require_database,
-        )
-        self.namespace = namespace
-        self.schema = schema
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.namespace = db.namespace
+        self.schema = db.schema
         self._refused_warned = False  # a stale holder this role may not end: said once
         self._watch: Watch | None = None
 
