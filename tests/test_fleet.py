@@ -165,12 +165,22 @@ async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_co
     b_first = await pg_conn.fetchval(f"SELECT min(started) FROM {s}.log WHERE note = 'B'")
     # B could only start once the server had ended A's session (timeout 1.5 + grace 1.0)
     assert (b_first - paused_at).total_seconds() >= 2.0
+    resumed_at = datetime.now(timezone.utc)
     a.send_signal(signal.SIGCONT)
     await anyio.sleep(2)  # A wakes up, finds its session gone, fails its late commit
     assert fleet.stop("A") == 0, fleet.output("A")
     assert fleet.stop("B") == 0
-    a_rows = await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'A'")
-    assert a_rows == 0, "the paused holder's writes must never appear"
+    # the run A was stopped in began before it was resumed (a later run of A's, on time after
+    # it, may commit its own row)
+    a_rows = await pg_conn.fetchval(
+        f"SELECT count(*) FROM {s}.log WHERE note = 'A' AND started < $1", resumed_at
+    )
+    assert a_rows == 0, (
+        "the paused holder's writes must never appear",
+        await pg_conn.fetch(f"SELECT * FROM {s}.log ORDER BY started"),
+        paused_at,
+        resumed_at,
+    )
     a_runs = await pg_conn.fetch(  # the run it was stopped in, and any after it
         f"SELECT outcome FROM {s}.runs WHERE owner = 'A' AND job_id = 'paused' "
         "AND finished_at > $1 ORDER BY id",
