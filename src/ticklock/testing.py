@@ -203,8 +203,8 @@ async def _run(
         if conn is not None and not await conn.fetchval("SELECT now() = $1", began):
             raise RuntimeError(
                 f"run_job: job {ctx.job_id!r}: the handler ended the transaction (a COMMIT "
-                "or ROLLBACK through ctx.conn); a scheduled tick would end as error, "
-                "without marking its slot done"
+                "or ROLLBACK through ctx.conn); a scheduled tick refuses such a statement "
+                "before it reaches the server, and ends as failure"
             )
         if report is not None:
             try:
