@@ -83,6 +83,22 @@ async def pg_conn(pg_dsn: str) -> AsyncIterator[object]:
 
 
 @pytest.fixture
+async def ops(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Any]:
+    """Replica processes of ``ops_app`` (``test_operations.Replicas``) in this test's own
+    schema, with its ``log`` table; every one still running is killed at the end."""
+    from ops_app import LOG_TABLE
+    from test_operations import Replicas
+
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
+    replicas = Replicas(pg_dsn, pg_schema, tmp_path)
+    try:
+        yield replicas
+    finally:
+        replicas.kill_all()
+
+
+@pytest.fixture
 async def table(pg_conn: Any, pg_schema: str) -> str:
     """A table ``<schema>.items (slot, note)`` in this test's own schema, for handlers to write."""
     await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,7 +29,6 @@ import anyio
 import pytest
 
 from helpers import eventually
-from ops_app import LOG_TABLE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 TESTS = Path(__file__).parent
@@ -136,17 +135,6 @@ class Replicas:
         result = Result(done.returncode, done.stdout.decode(), done.stderr.decode())
         assert "Traceback" not in result.err, result
         return result
-
-
-@pytest.fixture
-async def ops(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Replicas]:
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
-    replicas = Replicas(pg_dsn, pg_schema, tmp_path)
-    try:
-        yield replicas
-    finally:
-        replicas.kill_all()
 
 
 # --- what the database says --------------------------------------------------------------------
