@@ -6,7 +6,6 @@ These tests block for real (``time.sleep``) on the system clock: blocking is abo
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -22,7 +21,7 @@ from ticklock._dispatcher import Dispatcher
 
 async def watch(awaitable: Awaitable[T], job_id: str) -> T:
     """watch(), reporting through a dispatcher's WARNING as a scheduler's runs do."""
-    dispatcher = Dispatcher(SystemClock(), random.Random(), lambda entry: None)
+    dispatcher = Dispatcher(SystemClock())
     return await watch_with(awaitable, job_id, dispatcher.blocked)
 
 

@@ -69,7 +69,7 @@ async def test_a_request_served_elsewhere_is_not_served_twice(
         await eventually(served, 10, "the manual run")
         # a replica that heard of the request late attempts it now: under the lock it finds
         # the request served (trigger_at cleared by the manual run's commit)
-        runner = scheduler._runner
+        runner = scheduler._crew.runner
         assert runner is not None
         result, _ = await runner.execute(scheduler.jobs["rare"], at, manual=True)
     assert result.outcome is Outcome.SKIPPED

@@ -22,9 +22,12 @@ from ticklock import (
 from ticklock._coordination import FleetState
 from ticklock._job import Job
 from ticklock._plan import (
+    GIVE_UP_FOR,
+    KEEP,
     Admission,
     Attempt,
     Delayed,
+    GiveUp,
     Idle,
     Look,
     LookAgain,
@@ -35,10 +38,12 @@ from ticklock._plan import (
     Run,
     Serve,
     Skip,
+    TakeBack,
     admit,
     after_run,
     look,
     plan,
+    standing,
     steer,
 )
 from ticklock.testing import ManualClock
@@ -408,3 +413,51 @@ STEERS = [
 )
 def test_steer(state: FleetState, toggled: bool, serving: bool, expected: Plan | None) -> None:
     assert steer(job(), state, s(70), toggled=toggled, serving=serving) == expected
+
+
+# -- standing: give a job up, take it back ------------------------------------------------
+
+_FAILING_SINCE = T0
+_SUCCEEDS_ELSEWHERE = FleetState(last_success_at=T0 + timedelta(seconds=5))
+
+
+@pytest.mark.parametrize(
+    ("state", "own_failures", "given_up_at", "others", "now", "expected"),
+    [
+        # three failures here in a row while it succeeds elsewhere, another replica can run it
+        (_SUCCEEDS_ELSEWHERE, 3, None, True, T0 + timedelta(seconds=30), GiveUp()),
+        (_SUCCEEDS_ELSEWHERE, 2, None, True, T0 + timedelta(seconds=30), KEEP),  # two only
+        (_SUCCEEDS_ELSEWHERE, 3, None, False, T0 + timedelta(seconds=30), KEEP),  # nobody else
+        # the fleet's last success came before the first of them: it succeeds nowhere
+        (FleetState(last_success_at=T0 - timedelta(seconds=1)), 3, None, True, T0, KEEP),
+        (None, 3, None, True, T0, KEEP),  # no state read
+        # given up: back after a success here, or after GIVE_UP_FOR
+        (_SUCCEEDS_ELSEWHERE, 0, T0, True, T0 + timedelta(seconds=1), TakeBack()),
+        (_SUCCEEDS_ELSEWHERE, 4, T0, True, T0 + timedelta(seconds=GIVE_UP_FOR), KEEP),
+        (_SUCCEEDS_ELSEWHERE, 4, T0, True, T0 + timedelta(seconds=GIVE_UP_FOR + 1), TakeBack()),
+    ],
+)
+def test_standing(
+    state: FleetState | None,
+    own_failures: int,
+    given_up_at: datetime | None,
+    others: bool,
+    now: datetime,
+    expected: object,
+) -> None:
+    asked: list[bool] = []
+
+    def others_can_run() -> bool:
+        asked.append(True)
+        return others
+
+    decision = standing(
+        state,
+        now,
+        own_failures=own_failures,
+        failing_since=_FAILING_SINCE if own_failures else None,
+        given_up_at=given_up_at,
+        others_can_run=others_can_run,
+    )
+    assert decision == expected
+    assert len(asked) <= 1  # the ranking is asked once at most, and last

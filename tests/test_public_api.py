@@ -20,7 +20,7 @@ def test_all_lists_exactly_the_public_names() -> None:
 def test_contract_names() -> None:
     for name in ("Scheduler", "JobContext", "every", "cron", "ScheduleError", "lock_key"):
         assert name in ticklock.__all__
-    assert ticklock.testing.__all__ == ("ManualClock", "run_job")
+    assert ticklock.testing.__all__ == ("ManualClock", "MemoryDatabase", "ReplicaLost", "run_job")
     assert issubclass(ticklock.ScheduleError, ValueError)
 
 

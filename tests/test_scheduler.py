@@ -14,7 +14,7 @@ import pytest
 
 from helpers import UTC, at, run_log
 from ticklock import JobContext, Outcome, Scheduler, SchedulerStateError, cron, every
-from ticklock._coordination import LocalCoordinator
+from ticklock._memory import MemoryCoordinator
 from ticklock.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -72,13 +72,13 @@ async def test_the_first_slot_is_planned_from_when_the_fleet_state_was_read(
     async def work(ctx: JobContext) -> None:
         slots.append(elapsed(clock, ctx.slot))
 
-    load = LocalCoordinator.load
+    load = MemoryCoordinator.load
 
-    async def slow_load(self: LocalCoordinator, jobs: Any, now: datetime) -> Any:
+    async def slow_load(self: MemoryCoordinator, jobs: Any, now: datetime) -> Any:
         await clock.advance(2)  # the load took 2 s
         return await load(self, jobs, now)
 
-    monkeypatch.setattr(LocalCoordinator, "load", slow_load)
+    monkeypatch.setattr(MemoryCoordinator, "load", slow_load)
     async with scheduler:
         assert [h.next_fire for h in scheduler.health()] == [T0 + timedelta(seconds=7)]
         await clock.advance(10)

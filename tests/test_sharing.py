@@ -15,10 +15,9 @@ import pytest
 
 from helpers import eventually, run_log
 from ticklock import JobContext, Scheduler, every
-from ticklock._job import fingerprint
 from ticklock._sharing import Member, Share, weight
 from ticklock._triggers import Trigger
-from ticklock.testing import ManualClock
+from ticklock.testing import ManualClock, MemoryDatabase
 
 JOBS = [f"job-{i}" for i in range(1000)]
 WEB1_PURGE = 0xB1E13F9E4719F652  # blake2b("web-1\\x00purge"), first 8 bytes, big-endian
@@ -144,14 +143,19 @@ def ahead_of(me: str, job_id: str) -> str:
 
 
 class Backup:
-    """A local scheduler named "backup" on a ManualClock, with one job "job", recording each
-    run's start and slot in seconds from the clock's start; its view of the fleet is given."""
+    """A scheduler named "backup" on a ManualClock and a MemoryDatabase, with one job "job",
+    recording each run's start and slot in seconds from the clock's start; the other replicas
+    of the database are silent (frozen or dead before their heartbeat went stale)."""
 
     def __init__(self, trigger: Trigger, random: Random | None = None, **options: Any) -> None:
         self.clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-        self.scheduler = Scheduler(clock=self.clock, owner="backup", random=random)
+        self.db = MemoryDatabase()
+        self.scheduler = Scheduler(
+            database=self.db, clock=self.clock, owner="backup", random=random
+        )
         self.starts: list[float] = []
         self.slots: list[float] = []
+        self.others: set[str] = set()
         t0 = self.clock.now()
 
         async def job(ctx: JobContext) -> None:
@@ -161,10 +165,16 @@ class Backup:
         self.scheduler.add(job, trigger, id="job", **options)
 
     def view(self, *others: str, seen: dict[str, datetime] | None = None) -> None:
-        """This replica and ``others`` are live and run the job (declared alike)."""
-        fp = fingerprint(self.scheduler.jobs["job"])
-        members = {owner: member(["job"], fp) for owner in ("backup", *others)}
-        self.scheduler._members(members, seen or {})
+        """The live replicas are this one and ``others``, which declare the job alike (and
+        beat at ``seen``)."""
+        for owner in self.others - set(others):
+            self.db.leave(owner)
+        for owner in others:
+            if owner not in self.others:
+                self.db.silent_replica(owner, self.scheduler.jobs.values(), self.clock.now())
+        self.others = set(others)
+        for owner, at in (seen or {}).items():
+            self.db.beat(owner, at)
 
 
 @pytest.mark.anyio
@@ -278,7 +288,7 @@ async def test_a_backup_that_finds_the_lock_held_waits_for_the_run_and_calls_not
         async with b.scheduler:
             b.view(owner)
             # the owner's run of slot 10, holding the job's lock (here: in-process)
-            held = await b.scheduler._coordinator.attempt("job", 5, b.clock.now())
+            held = await b.db.coordinator(owner, b.clock).attempt("job", 5, b.clock.now())
             assert held.acquired
             await b.clock.advance(11)
             assert b.starts == []  # the look at 11 found the lock held: a run is in progress
@@ -308,7 +318,7 @@ def _replica(pg_dsn: str, schema: str, owner: str, jobs: int) -> Scheduler:
 
 async def _agreed(schedulers: list[Scheduler]) -> None:
     async def agreed() -> bool:
-        return all(len(s._share.members) == len(schedulers) for s in schedulers)
+        return all(len(s._crew.share.members) == len(schedulers) for s in schedulers)
 
     await eventually(agreed, 10, "every replica to see the others")
 
@@ -330,7 +340,7 @@ async def test_each_slot_is_attempted_by_its_owner_alone(
             since = await pg_conn.fetchval("SELECT clock_timestamp()")
             await anyio.sleep(3)
             until = await pg_conn.fetchval("SELECT clock_timestamp()")
-        share = schedulers[0]._share  # before they leave
+        share = schedulers[0]._crew.share  # before they leave
         expected = {(f"job-{i}", share.ranking(f"job-{i}")[0]) for i in range(24)}
     outcomes = Counter(run.outcome for run in log.runs if run.job_id != "ticklock.retention")
     # every replica tried only its own jobs: no transaction found the lock held or the slot done
@@ -357,7 +367,9 @@ async def test_a_replica_that_leaves_hands_its_jobs_over_at_once(
             await stack.enter_async_context(scheduler)
         async with leaving:  # left as a graceful shutdown leaves
             await _agreed([leaving, *staying])
-            theirs = [f"job-{i}" for i in range(24) if leaving._share.role(f"job-{i}").ahead == ()]
+            theirs = [
+                f"job-{i}" for i in range(24) if leaving._crew.share.role(f"job-{i}").ahead == ()
+            ]
             assert theirs
             await anyio.sleep(1)
         left = await pg_conn.fetchval("SELECT clock_timestamp()")

@@ -9,21 +9,26 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from test_sharing import Backup, ahead_of
-from ticklock import every
-from ticklock._job import fingerprint
-from ticklock._sharing import Member
+from ticklock import Job, JobContext, Scheduler, every
+from ticklock._triggers import Trigger
+
+
+def _declared_otherwise(trigger: Trigger) -> list[Job]:
+    """The job "job" declared with ``trigger`` (another declaration than the Backup's)."""
+    other = Scheduler()
+
+    async def job(ctx: JobContext) -> None:
+        pass
+
+    return [other.add(job, trigger, id="job")]
 
 
 def _ruled_by(b: Backup, other: str, started: timedelta = timedelta(minutes=5)) -> None:
     """``other`` declares the job otherwise (another fingerprint) and started after this
     replica: its declaration rules, this replica only observes."""
-    fp = fingerprint(b.scheduler.jobs["job"])
     t0 = b.clock.now()
-    members = {
-        "backup": Member({"job": fp}, frozenset(), t0),
-        other: Member({"job": "another-declaration"}, frozenset(), t0 + started),
-    }
-    b.scheduler._members(members, {other: t0})
+    b.db.silent_replica(other, _declared_otherwise(every(20)), t0 + started)
+    b.db.beat(other, t0)
 
 
 @pytest.mark.anyio
@@ -48,8 +53,6 @@ from typing import Any  # noqa: E402
 
 import anyio  # noqa: E402
 
-from ticklock import Scheduler  # noqa: E402
-
 
 @pytest.mark.anyio
 @pytest.mark.postgres
@@ -61,7 +64,7 @@ async def test_a_beat_that_fails_after_a_join_does_not_spin(pg_dsn: str, pg_sche
     # beats again at once: a busy loop of connection attempts until the database answers.
     scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="spin")
     async with scheduler:
-        c: Any = scheduler._coordinator
+        c: Any = scheduler._crew.coordinator
         deadline = time.monotonic() + 10
         while c._watch is None or c._watch._fresh or c._watch._soon is None:
             assert time.monotonic() < deadline
@@ -88,7 +91,6 @@ async def test_a_beat_that_fails_after_a_join_does_not_spin(pg_dsn: str, pg_sche
 async def test_repairing_a_dropped_table_does_not_stall_the_other_jobs(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
-    from ticklock import JobContext
 
     scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="solo", shutdown_grace=1)
     fast: list[float] = []
@@ -111,7 +113,7 @@ async def test_repairing_a_dropped_table_does_not_stall_the_other_jobs(
         # with the whole migration, whose ALTER TABLE jobs waits for the slow tick, and
         # every other tick's read of jobs queues behind that ALTER
         await pg_conn.execute(f"DROP TABLE {pg_schema}.replicas")
-        scheduler._coordinator.poke()  # the next beat (at most 15 s later): now
+        scheduler._crew.coordinator.poke()  # the next beat (at most 15 s later): now
         mark = time.monotonic()
         await anyio.sleep(8)
     after = [t for t in fast if t > mark - 1]
@@ -132,7 +134,7 @@ async def test_another_namespaces_rolling_restart_is_no_storm(
 
     scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="here")
     async with scheduler:
-        c: Any = scheduler._coordinator
+        c: Any = scheduler._crew.coordinator
         deadline = time.monotonic() + 10
         while c._watch is None or c._watch._listener is None:
             assert time.monotonic() < deadline
@@ -155,7 +157,7 @@ async def test_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_silent(
 ) -> None:
     import logging
 
-    from ticklock._coordination import FleetState, LocalCoordinator
+    from ticklock._coordination import FleetState
 
     b = Backup(every(10, initial_delay=5))
     owner = ahead_of("backup", "job")
@@ -164,24 +166,23 @@ async def test_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_silent(
         await b.clock.advance(4)
         # an operator paused the job; the owner heard (and rightly did not run slot 5),
         # this replica's watch has not yet (its beat is up to 15 s away): the look reads it
-        local = b.scheduler._coordinator
-        assert isinstance(local, LocalCoordinator)
-        local.states["job"] = FleetState(paused_at=b.clock.now())
+        b.db.states["job"] = FleetState(paused_at=b.clock.now())  # no replica told yet
         with caplog.at_level(logging.INFO, logger="ticklock"):
             await b.clock.advance(3)
-        silent = b.scheduler._share.silent(owner)
+        silent = b.scheduler._crew.share.silent(owner)
     assert "missed it" not in caplog.text
     assert not silent  # else it is passed over for every job until it beats again
 
 
 @pytest.mark.anyio
 async def test_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -> None:
-    from ticklock import JobContext, Scheduler
+    from ticklock import Scheduler
     from ticklock._sharing import weight
-    from ticklock.testing import ManualClock
+    from ticklock.testing import ManualClock, MemoryDatabase
 
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
-    s = Scheduler(clock=clock, owner="backup")
+    db = MemoryDatabase()
+    s = Scheduler(database=db, clock=clock, owner="backup")
 
     async def broken(ctx: JobContext) -> None:
         raise RuntimeError("the payment API is down")  # for every replica alike
@@ -190,13 +191,10 @@ async def test_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -> None:
     other = next(
         o for o in (f"o{i}" for i in range(100)) if weight(o, "job") < weight("backup", "job")
     )
-    fp = fingerprint(s.jobs["job"])
     async with s:
-        s._members(
-            {o: Member({"job": fp}, frozenset(), clock.now()) for o in ("backup", other)}, {}
-        )
+        db.silent_replica(other, s.jobs.values(), clock.now())
         await clock.advance(35)  # this replica owns it: 4 failed runs, no success anywhere
-        gave_up = "job" in s._failing
+        gave_up = any("job" in r.failing for r in await s.fleet.replicas())
     # issue 22 item 5: give up "while the job succeeds elsewhere"; here it succeeds nowhere,
     # and the flag sticks until a restart (ranked last, it never runs again to clear it)
     assert not gave_up
@@ -206,12 +204,9 @@ async def test_a_replica_does_not_give_up_a_job_that_succeeds_nowhere() -> None:
 async def test_an_observer_never_attempts_and_never_calls_the_job_overdue() -> None:
     b = Backup(every(10, initial_delay=5), overdue_grace=1)
     t0 = b.clock.now()
-    fp = fingerprint(b.scheduler.jobs["job"])
-    members = {"backup": Member({"job": fp}, frozenset(), t0)}
-    for other in ("o1", "o2"):  # most live replicas declare it otherwise: theirs rules
-        members[other] = Member({"job": "another-declaration"}, frozenset(), t0)
     async with b.scheduler:
-        b.scheduler._members(members, {})
+        for other in ("o1", "o2"):  # most live replicas declare it otherwise: theirs rules
+            b.db.silent_replica(other, _declared_otherwise(every(20)), t0)
         await b.clock.advance(60)
         assert b.starts == []
         # by its own schedule the job is long overdue, but it is not its schedule

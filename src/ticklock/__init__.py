@@ -8,6 +8,7 @@ from ._errors import StartupError as StartupError
 from ._job import Job as Job
 from ._job import JobContext as JobContext
 from ._job import JobHealth as JobHealth
+from ._job import JobOptions as JobOptions
 from ._job import Outcome as Outcome
 from ._job import RunResult as RunResult
 from ._lock_key import lock_key as lock_key
@@ -25,6 +26,7 @@ __all__ = (
     "Every",
     "Job",
     "JobContext",
+    "JobOptions",
     "JobHealth",
     "Outcome",
     "RunResult",

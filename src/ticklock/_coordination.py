@@ -1,20 +1,21 @@
 """The coordination seam: how a tick takes its job's lock, reads and commits fleet state.
 
-:class:`Coordinator` is the protocol; :class:`LocalCoordinator` keeps the state in this
-process (local mode). ``ticklock._postgres.coordinator.PostgresCoordinator`` keeps it in PostgreSQL.
+A :class:`Backend` is where the fleet's state lives; it gives each replica a
+:class:`Coordinator`. ``ticklock._memory.MemoryDatabase`` keeps it in this process (local mode,
+and the shared in-memory database of ``ticklock.testing``);
+``ticklock._postgres.coordinator.PostgresBackend`` keeps it in PostgreSQL.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
-import anyio
-
-from ._job import Job, Outcome, RunResult
+from ._clock import Clock
+from ._fleet import Fleet
+from ._job import Job, JobHealth, Outcome, RunResult
 from ._sharing import Member
 
 if TYPE_CHECKING:
@@ -88,6 +89,10 @@ class FleetState:
         if result.manual and pending is not None and result.slot and pending <= result.slot:
             return None
         return pending
+
+
+NO_STATE = FleetState()
+"""Read-only: the state of a job the fleet has none for."""
 
 
 class Control(NamedTuple):
@@ -196,115 +201,18 @@ class Coordinator(Protocol):
         """One line for an error that waiting cannot fix: its cause, and the fix."""
         ...
 
-
-class _LocalAttempt:
-    __slots__ = ("_coordinator", "_job_id", "acquired", "conn", "state")
-
-    def __init__(self, coordinator: LocalCoordinator, job_id: str, acquired: bool) -> None:
-        self._coordinator = coordinator
-        self._job_id = job_id
-        self.acquired = acquired
-        self.conn: asyncpg.Connection[Any] | None = None
-        state = coordinator.states.get(job_id)
-        self.state = FleetState() if state is None else state
-
-    async def commit(self, result: RunResult, job: Job) -> None:
-        states = self._coordinator.states
-        states[self._job_id] = states.get(self._job_id, FleetState()).committed(result)
-        self._coordinator.recorded(result)
-
-    async def close(self) -> None:
-        if self.acquired:
-            self._coordinator.held.discard(self._job_id)
-            self.acquired = False
+    def fleet(
+        self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
+    ) -> Fleet:
+        """What operators see and steer of the namespace (``jobs`` and ``health``: the
+        scheduler's own, for a backend that keeps no declarations of its own); raises
+        :class:`~ticklock._errors.SchedulerStateError` when that needs the scheduler running."""
+        ...
 
 
-class LocalCoordinator:
-    """In-process coordination: one lock per job id, the state and the last
-    :data:`HISTORY` runs of each job in dicts."""
+class Backend(Protocol):
+    """Where the fleet's state lives: it gives each replica its :class:`Coordinator`."""
 
-    HISTORY = 100
-
-    def __init__(self) -> None:
-        self.states: dict[str, FleetState] = {}
-        self.history: dict[str, deque[RunResult]] = {}
-        self.held: set[str] = set()
-        self.ready = True
-        self.problem: str | None = None
-        self._poked: anyio.Event | None = None
-
-    def steer(
-        self, job_id: str, *, paused_at: datetime | None, trigger_at: datetime | None
-    ) -> FleetState:
-        """Record what operators asked of the job (local mode's pause, resume, trigger)."""
-        state = self.states[job_id] = replace(
-            self.states.get(job_id, FleetState()), paused_at=paused_at, trigger_at=trigger_at
-        )
-        return state
-
-    def recorded(self, result: RunResult) -> None:
-        """Keep ``result`` in the job's history."""
-        self.history.setdefault(result.job_id, deque(maxlen=self.HISTORY)).append(result)
-
-    async def watch(
-        self,
-        owner: str,
-        declared: Callable[[], Declared],
-        apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
-    ) -> NoReturn:
-        """Call ``apply`` with the paused and triggered jobs at start and at each poke (one
-        process: no other members, and so no work to share)."""
-        while True:
-            self._poked = anyio.Event()
-            apply(
-                {
-                    job_id: Control(state.paused_at, state.trigger_at)
-                    for job_id, state in self.states.items()
-                    if state.paused_at is not None or state.trigger_at is not None
-                }
-            )
-            await self._poked.wait()
-
-    def poke(self) -> None:
-        """Make :meth:`watch` apply the states again."""
-        if self._poked is not None:
-            self._poked.set()
-
-    async def open(self) -> None:
-        """Nothing to prepare in local mode."""
-
-    async def connect(self) -> None:
-        """Local mode is always ready."""
-
-    async def close(self) -> None:
-        """Nothing to release in local mode."""
-
-    async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        """A copy of the in-process state."""
-        return dict(self.states)
-
-    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
-        """Take the job's in-process lock if it is free (one clock: nothing is ahead)."""
-        acquired = job_id not in self.held
-        if acquired:
-            self.held.add(job_id)
-        return _LocalAttempt(self, job_id, acquired)
-
-    async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
-        """Copies of the in-process states, and the jobs whose lock is held."""
-        states = {i: self.states[i] for i in job_ids if i in self.states}
-        return states, frozenset(self.held.intersection(job_ids))
-
-    async def record_failure(self, result: RunResult, job: Job) -> None:
-        """Count the failure in the in-process state."""
-        self.states[result.job_id] = self.states.get(result.job_id, FleetState()).failed(result)
-        self.recorded(result)
-
-    def classify(self, exc: BaseException) -> Outcome | None:
-        """Local mode has no coordination to lose."""
-        return None
-
-    def explain(self, exc: BaseException) -> str:
-        """Local mode fails only for errors of its own."""
-        return f"ticklock could not start: {type(exc).__name__}: {exc}"
+    def coordinator(self, owner: str, clock: Clock) -> Coordinator:
+        """The coordinator of the replica ``owner`` (a new one for each run of a scheduler)."""
+        ...

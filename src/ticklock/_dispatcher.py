@@ -1,14 +1,14 @@
 """The deadline heap that drives every job of a scheduler from one task.
 
 One sleeping task for all jobs: the loop sleeps on the scheduler's clock until the earliest
-deadline and wakes early when a job is added, removed or rescheduled. Two kinds of deadline
-share it: a job's next start, and a run's timeout (:meth:`Dispatcher.bound`), so that the
-system clock and a test's :class:`~ticklock.testing.ManualClock` drive the same code. A task
-exists only for a run in flight.
+deadline and wakes early when a deadline is set or forgotten. Two kinds of deadline share it:
+a :class:`Timer` (a job's next start or look, set by its cycle), and a run's timeout
+(:meth:`Dispatcher.bound`), so that the system clock and a test's
+:class:`~ticklock.testing.ManualClock` drive the same code. It knows deadlines, not jobs.
 
-Cron deadlines are wall-clock instants: while a cron job is scheduled the loop re-reads the
+A timer may carry a wall-clock instant (a cron slot): while one is queued the loop re-reads the
 wall clock at least every :data:`WALL_WATCH` seconds, so that a wall-clock step is noticed
-within that bound, and it never starts a cron run before its instant.
+within that bound, and it never fires such a timer before its instant.
 
 A handler that blocks the event loop stops every job and the app with it: :mod:`._blocked`
 names the job whose step held the loop; the loop warns, without a name, when it wakes late by
@@ -21,24 +21,21 @@ import heapq
 import itertools
 import logging
 import math
-import random as _random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import NoReturn
 
 import anyio
 
 from ._blocked import BLOCKED_WARNING, THREADING_ADVICE
 from ._clock import Clock
-from ._entry import Entry
-from ._plan import Delayed, Idle, OnTime, Plan, Recheck, Serve
 from ._sharing import LOOK_GRID
 
 WALL_WATCH = 5.0
 """Seconds between wall-clock checks while any cron job is scheduled (the G8 bound)."""
 STEP_TOLERANCE = 0.1
-"""A change of the wall-minus-monotonic offset larger than this re-plans cron deadlines."""
+"""A change of the wall-minus-monotonic offset larger than this re-derives the wall deadlines."""
 MIN_COMPACT = 64
 """Superseded heap items are dropped once there are more than this and than live ones."""
 
@@ -54,98 +51,87 @@ class _Timeout:
         self.scope: anyio.CancelScope | None = scope
 
 
-class Dispatcher:
-    """Holds the deadlines of all entries and of the runs in flight: starts a run for each
-    entry that comes due, and cancels each run whose timeout passes."""
+class Timer:
+    """One deadline in the heap: :meth:`fire` is called when the clock reaches it (a subclass
+    says what firing does).
 
-    def __init__(self, clock: Clock, rng: _random.Random, spawn: Callable[[Entry], None]) -> None:
+    ``base`` is the monotonic instant the deadline counts from, ``lag`` the seconds after it
+    (rounded up to :data:`LOOK_GRID`), and ``wall`` a wall-clock instant it never fires before
+    (a cron slot's fire): the dispatcher re-derives ``base`` from it when the wall clock steps.
+    """
+
+    __slots__ = ("base", "deadline", "generation", "lag", "queued", "wall")
+
+    def __init__(self) -> None:
+        self.base = math.inf
+        self.lag = 0.0
+        self.wall: datetime | None = None
+        self.deadline = math.inf
+        self.generation = 0
+        self.queued = False  # its current deadline is in the heap
+
+    def fire(self) -> None:
+        """The deadline came."""
+        raise NotImplementedError
+
+    def __lt__(self, other: Timer) -> bool:  # heap ties on (deadline, generation)
+        return id(self) < id(other)
+
+
+class Dispatcher:
+    """Holds the deadlines of every timer and of the runs in flight: fires each timer that
+    comes due, and cancels each run whose timeout passes."""
+
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._random = rng
-        self._spawn = spawn
-        self._heap: list[tuple[float, int, Entry]] = []
+        self._heap: list[tuple[float, int, Timer]] = []
         self._timeouts: list[tuple[float, int, _Timeout]] = []
         self._sequence = itertools.count().__next__
         self._wake: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
         self._offset: float | None = None
         self._stale = 0  # heap items superseded before they came due
-        self._cron = 0  # cron entries in the heap: the wall clock is watched while any is
+        self._walls = 0  # timers with a wall instant in the heap: the wall clock is watched
         self._blocks = 0  # handler steps reported by blocked()
 
-    def schedule(self, entry: Entry, plan: Plan, lag: float = 0.0) -> None:
-        """Wait for what ``plan`` says: its slot (plus fresh jitter), or its delay; with a
-        ``lag``, ``lag`` seconds after the slot's latest fire (its jitter's maximum) or after
-        the delay, rounded up to :data:`LOOK_GRID` (a backup's look)."""
-        self.forget(entry)
-        clock = self._clock
-        entry.attempt = 1
-        # The wall clock first: the time between the two reads then makes the deadline late,
-        # never early (a fixed delay must be at least the interval).
-        now = clock.now() if isinstance(plan, OnTime) else None
-        now_m = clock.monotonic()
-        match plan:
-            case Idle():  # paused, or the schedule is over
-                entry.slot = entry.fire_at = None
-                return
-            case Recheck(delay):  # read the fleet's state again (no slot)
-                entry.slot = entry.fire_at = None
-                entry.jitter = 0.0
-                entry.base = now_m + delay
-            case Delayed(slot, delay, attempt):  # a retry
-                entry.slot = entry.fire_at = slot
-                entry.attempt = attempt
-                entry.jitter = 0.0
-                entry.base = now_m + delay
-            case Serve(slot):  # a trigger request, at once
-                entry.slot = entry.fire_at = slot
-                entry.jitter = 0.0
-                entry.base = now_m
-            case OnTime(slot):
-                jitter_max = entry.job.trigger.jitter
-                if lag:  # the owner's jitter is its own: the slot's latest fire
-                    entry.jitter = jitter_max
-                else:
-                    entry.jitter = self._random.uniform(0.0, jitter_max) if jitter_max else 0.0
-                entry.slot = slot
-                entry.fire_at = slot + timedelta(seconds=entry.jitter) if entry.jitter else slot
-                assert now is not None
-                entry.base = now_m + (entry.fire_at - now).total_seconds()  # past: due now
-        entry.lag = lag
-        entry.deadline = _lagged(entry.base, lag, now_m)
-        self._push(entry)
-        if entry.deadline < self._sleeping_until:
+    def set(
+        self, timer: Timer, base: float, *, lag: float = 0.0, wall: datetime | None = None
+    ) -> None:
+        """Fire ``timer`` ``lag`` seconds after the monotonic instant ``base`` (at once if that
+        is past), never before the wall-clock instant ``wall``."""
+        self.forget(timer)
+        timer.base, timer.wall = base, wall
+        self.again(timer, lag)
+
+    def again(self, timer: Timer, lag: float) -> None:
+        """Fire ``timer`` ``lag`` seconds after its base again."""
+        self.forget(timer)
+        timer.lag = lag
+        timer.deadline = _lagged(timer.base, lag, self._clock.monotonic())
+        self._push(timer)
+        if timer.deadline < self._sleeping_until:
             self.wake()
 
-    def requeue(self, entry: Entry, lag: float) -> None:
-        """Wait for the same slot or delay again, until ``lag`` seconds after its base (its
-        latest fire, or the delay's end)."""
-        self.forget(entry)
-        entry.lag = lag
-        entry.deadline = _lagged(entry.base, lag, self._clock.monotonic())
-        self._push(entry)
-        if entry.deadline < self._sleeping_until:
-            self.wake()
+    def _push(self, timer: Timer) -> None:
+        heapq.heappush(self._heap, (timer.deadline, timer.generation, timer))
+        timer.queued = True
+        self._walls += timer.wall is not None
 
-    def _push(self, entry: Entry) -> None:
-        heapq.heappush(self._heap, (entry.deadline, entry.generation, entry))
-        entry.queued = True
-        self._cron += entry.is_cron
+    def _unqueue(self, timer: Timer) -> None:
+        timer.queued = False
+        self._walls -= timer.wall is not None
 
-    def _unqueue(self, entry: Entry) -> None:
-        entry.queued = False
-        self._cron -= entry.is_cron
-
-    def forget(self, entry: Entry) -> None:
-        """Forget ``entry``'s deadline (its heap item goes stale)."""
-        entry.generation += 1
-        entry.deadline = math.inf
-        if entry.queued:
-            self._unqueue(entry)
+    def forget(self, timer: Timer) -> None:
+        """Forget ``timer``'s deadline (its heap item goes stale)."""
+        timer.generation += 1
+        timer.deadline = math.inf
+        if timer.queued:
+            self._unqueue(timer)
             self._stale += 1
             # A removed job, or one re-planned early (run_now), leaves its old item until it
             # would have come due: a day later for a daily job. Past half the heap, drop them
-            # all (amortised O(1) per item), so that neither memory nor the removed handlers
-            # the items hold pile up.
+            # all (amortised O(1) per item), so that neither memory nor the removed jobs the
+            # items hold pile up.
             if self._stale > MIN_COMPACT and 2 * self._stale > len(self._heap):
                 self._heap[:] = [item for item in self._heap if item[1] == item[2].generation]
                 heapq.heapify(self._heap)
@@ -186,14 +172,14 @@ class Dispatcher:
             self._wake.cancel()
 
     async def run(self) -> NoReturn:
-        """Start every run that comes due and end every run that times out, forever."""
+        """Fire every timer that comes due and end every run that times out, forever."""
         clock = self._clock
         heap, timeouts = self._heap, self._timeouts
-        due: list[Entry] = []
+        due: list[Timer] = []
         while True:
             blocks = self._blocks
             now_m = clock.monotonic()
-            now = clock.now() if self._cron else None
+            now = clock.now() if self._walls else None
             if now is not None:
                 self._watch_wall(now, now_m)
             while timeouts and (timeouts[0][2].scope is None or timeouts[0][0] <= now_m):
@@ -201,28 +187,25 @@ class Dispatcher:
                 if scope is not None:
                     scope.cancel()
             while heap and heap[0][0] <= now_m:
-                _, generation, entry = heapq.heappop(heap)
-                if generation != entry.generation:
+                _, generation, timer = heapq.heappop(heap)
+                if generation != timer.generation:
                     self._stale -= 1
                     continue
-                self._unqueue(entry)
-                if entry.running:
+                self._unqueue(timer)
+                wall = timer.wall
+                if now is not None and wall is not None and wall > now:
+                    # never fire before a wall instant (the wall clock stepped back)
+                    timer.base = now_m + (wall - now).total_seconds()
+                    timer.deadline = _lagged(timer.base, timer.lag, now_m)
+                    self._push(timer)
                     continue
-                fire_at = entry.fire_at
-                if now is not None and fire_at is not None and fire_at > now and entry.is_cron:
-                    # never fire a cron job early (the wall clock stepped back)
-                    entry.base = now_m + (fire_at - now).total_seconds()
-                    entry.deadline = _lagged(entry.base, entry.lag, now_m)
-                    self._push(entry)
-                    continue
-                entry.running = True
-                due.append(entry)
-            # Spawned after the pass, so that a deadline a run sets is served by the next one.
-            for entry in due:
-                self._spawn(entry)
+                due.append(timer)
+            # Fired after the pass, so that a deadline a fire sets is served by the next one.
+            for timer in due:
+                timer.fire()
             due.clear()
             until = min(heap[0][0] if heap else math.inf, timeouts[0][0] if timeouts else math.inf)
-            if self._cron:
+            if self._walls:
                 until = min(until, now_m + WALL_WATCH)
             self._sleeping_until = until
             with anyio.CancelScope() as scope:
@@ -249,17 +232,16 @@ class Dispatcher:
             return
         if abs(offset - self._offset) <= STEP_TOLERANCE:
             return
-        # The wall clock stepped (NTP, VM suspend): re-plan every cron deadline from its instant.
+        # The wall clock stepped (NTP, VM suspend): re-derive every wall deadline.
         self._offset = offset
         rebuilt = []
-        for deadline, generation, entry in self._heap:
-            if generation != entry.generation:
+        for deadline, generation, timer in self._heap:
+            if generation != timer.generation:
                 continue  # superseded: dropped while rebuilding anyway
-            if entry.fire_at is not None and entry.is_cron:
-                wait = (entry.fire_at - now).total_seconds()
-                entry.base = now_m + wait
-                deadline = entry.deadline = _lagged(entry.base, entry.lag, now_m)
-            rebuilt.append((deadline, generation, entry))
+            if timer.wall is not None:
+                timer.base = now_m + (timer.wall - now).total_seconds()
+                deadline = timer.deadline = _lagged(timer.base, timer.lag, now_m)
+            rebuilt.append((deadline, generation, timer))
         heapq.heapify(rebuilt)
         self._heap[:] = rebuilt
         self._stale = 0

@@ -1,8 +1,11 @@
-"""A job's runtime record on this replica: what it waits for, and what it last saw."""
+"""A job's runtime record on this replica: what it waits for, and what it last saw.
+
+Its cycle (:class:`~ticklock._cycle.Cycle`) is its only writer; health and the operators'
+view read it.
+"""
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 
 from ._coordination import FleetState
@@ -11,49 +14,40 @@ from ._triggers import Cron
 
 
 class Entry:
-    """The runtime state of one scheduled job."""
+    """The runtime state of one declared job."""
 
     __slots__ = (
         "ahead",
         "attempt",
-        "base",
         "credit",
-        "deadline",
         "failing_since",
         "fingerprint",
         "fire_at",
-        "generation",
+        "given_up_at",
         "held_at",
         "is_cron",
         "jitter",
         "job",
-        "lag",
         "manual",
         "observer",
         "own_failures",
-        "queued",
         "removed",
         "running",
         "since",
         "slot",
         "stage",
-        "steered",
         "state",
+        "steered",
     )
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.is_cron = isinstance(job.trigger, Cron)
-        self.slot: datetime | None = None
+        self.slot: datetime | None = None  # the slot it waits for (None: a recheck, or idle)
         self.attempt = 1  # of the slot: 2 and more for a retry
-        self.fire_at: datetime | None = None
+        self.fire_at: datetime | None = None  # the slot plus this replica's jitter
         self.jitter = 0.0
-        self.deadline = math.inf
-        self.base = math.inf  # the slot's latest fire, or the delay's end (may be past)
-        self.lag = 0.0  # > 0: the deadline is a backup's look at the slot, not an attempt
-        self.generation = 0
-        self.queued = False  # its current deadline is in the heap
-        self.running = False
+        self.running = False  # a run or a look of it is in flight
         self.removed = False
         self.since: datetime | None = None  # when it was scheduled: the overdue base
         self.state: FleetState | None = None  # the fleet's state as this replica last saw it
@@ -69,7 +63,5 @@ class Entry:
         self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
         self.own_failures = 0  # this replica's consecutive failed runs of the job
         self.failing_since: datetime | None = None  # the start of the first of them
+        self.given_up_at: datetime | None = None  # this replica gave the job up (see _plan)
         self.fingerprint = fingerprint(job)  # of its declaration, which this replica publishes
-
-    def __lt__(self, other: Entry) -> bool:  # heap ties on (deadline, generation)
-        return id(self) < id(other)

@@ -2,8 +2,8 @@
 
 :class:`Fleet` is the seam the CLI and the dashboard use. In PostgreSQL mode
 (``ticklock._postgres.fleet.PostgresFleet``) it reads and writes the namespace's tables, so an
-operation reaches every replica; in local mode (``ticklock._scheduler.LocalFleet``) it is this
-process's scheduler.
+operation reaches every replica; in memory (``ticklock._memory.MemoryFleet``) it is the
+process's database (local mode, or the schedulers sharing a ``MemoryDatabase``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from ._coordination import FUTURE_LIMIT, FleetState
+from ._coordination import FUTURE_LIMIT, NO_STATE, FleetState
+from ._entry import Entry
 from ._job import Job, JobHealth
 from ._plan import overdue_at
 
@@ -67,3 +68,22 @@ def ahead(state: FleetState, now: datetime) -> bool:
     the database accepts."""
     limit = now + timedelta(seconds=FUTURE_LIMIT)
     return any(t is not None and t > limit for t in (state.last_slot, state.last_end))
+
+
+def health(
+    entry: Entry, now: datetime, clock_now: datetime, *, running: bool, problem: str | None
+) -> JobHealth:
+    """The health of ``entry``'s job at ``now`` as this replica sees it (``running``: the
+    scheduler runs, so the entry's next fire is planned)."""
+    return judge(
+        entry.job,
+        entry.state or NO_STATE,
+        now=now,
+        clock_now=clock_now,
+        since=entry.since,
+        held_at=entry.held_at,
+        credit=entry.credit,
+        next_fire=entry.fire_at if running else None,
+        problem=problem,
+        observer=entry.observer,
+    )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from typing_extensions import Unpack
 
 from . import _zones
 from ._errors import ScheduleError, SchedulerStateError
@@ -135,6 +138,26 @@ class JobHealth:
     error and the fix; ``None`` when it can be used."""
 
 
+class JobOptions(TypedDict, total=False):
+    """The keywords of :meth:`Scheduler.job <ticklock.Scheduler.job>` and
+    :meth:`Scheduler.add <ticklock.Scheduler.add>`, each optional."""
+
+    id: str | None
+    """The job's id, unique in the scheduler (default: ``module.qualname`` of the handler)."""
+    timeout: Duration | None
+    """Seconds a run may take (default: half the shortest period, at most 5 minutes)."""
+    enabled: bool
+    """``False`` declares and validates a job that never runs (default ``True``)."""
+    catch_up: bool
+    """Cover the slots missed while no replica ran with one run at start (default ``True``)."""
+    overdue_grace: Duration | None
+    """Slack before a missing success is overdue (default: 10 % of the period, 1 s to 5 min)."""
+    retries: int
+    """How many times a failed slot runs again, never past the next slot (default 0)."""
+    retry_backoff: Duration
+    """Seconds before the first retry, doubling per retry (default 10)."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Job:
     """A declared job: its handler, trigger and limits, validated at declaration."""
@@ -154,20 +177,26 @@ class Job:
         cls,
         func: Handler,
         trigger: Trigger,
-        *,
-        id: str | None = None,
-        timeout: Duration | None = None,
-        enabled: bool = True,
-        catch_up: bool = True,
-        overdue_grace: Duration | None = None,
-        retries: int = 0,
-        retry_backoff: Duration = 10.0,
+        **options: Unpack[JobOptions],
     ) -> Job:
         """Validate a declaration and build the job; raises :class:`ScheduleError`."""
-        job_id = name(id if id is not None else _default_id(func), "id")
+        given = options.get("id")
+        job_id = name(given if given is not None else _default_id(func), "id")
 
         def error(field: str, message: str) -> ScheduleError:
             return ScheduleError(message, job_id=job_id, field=field)
+
+        for unknown in sorted(options.keys() - JobOptions.__annotations__.keys()):
+            close = difflib.get_close_matches(unknown, JobOptions.__annotations__, n=1)
+            hint = f"; did you mean {close[0]}=?" if close else ""
+            known = ", ".join(JobOptions.__annotations__)
+            raise error(unknown, f"unknown keyword {unknown}={hint} (a job takes {known})")
+        timeout = options.get("timeout")
+        enabled = options.get("enabled", True)
+        catch_up = options.get("catch_up", True)
+        overdue_grace = options.get("overdue_grace")
+        retries = options.get("retries", 0)
+        retry_backoff = options.get("retry_backoff", 10.0)
 
         if not isinstance(trigger, (Every, Cron)):
             raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -314,3 +314,60 @@ def admit(
     if stale(job, state, slot, attempt):
         return Skip("the fleet has moved past the slot")
     return Run(slot)
+
+
+GIVE_UP_AFTER = 3
+"""A replica gives a job up after this many of its own runs of it failed in a row."""
+GIVE_UP_FOR = 900.0
+"""Seconds after which a replica takes back a job it gave up."""
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """This replica's runs of the job keep failing while it succeeds elsewhere: rank after
+    every other replica for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeBack:
+    """Run the job here again (a run here succeeded, or the give-up has lasted long enough)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """Nothing changes."""
+
+
+Standing = GiveUp | TakeBack | Keep
+"""Whether this replica gives a job up, takes it back, or keeps its standing."""
+KEEP = Keep()
+
+
+def standing(
+    state: FleetState | None,
+    now: datetime,
+    *,
+    own_failures: int,
+    failing_since: datetime | None,
+    given_up_at: datetime | None,
+    others_can_run: Callable[[], bool],
+) -> Standing:
+    """Give the job up after :data:`GIVE_UP_AFTER` failed runs here in a row (the first
+    began at ``failing_since``) while it succeeds elsewhere (the fleet's last success came
+    after the first of them) and another replica can run it; take it back after a success
+    here, or :data:`GIVE_UP_FOR` seconds after giving it up (the host may have been fixed).
+    ``others_can_run`` is asked last (it ranks the live replicas)."""
+    if given_up_at is not None:
+        if own_failures == 0 or (now - given_up_at).total_seconds() > GIVE_UP_FOR:
+            return TakeBack()
+        return KEEP
+    if (
+        own_failures >= GIVE_UP_AFTER
+        and failing_since is not None
+        and state is not None
+        and state.last_success_at is not None
+        and state.last_success_at > failing_since
+        and others_can_run()
+    ):
+        return GiveUp()
+    return KEEP

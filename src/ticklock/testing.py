@@ -1,4 +1,5 @@
-"""Test helpers that are part of ticklock's public API: :class:`ManualClock` and :func:`run_job`."""
+"""Test helpers that are part of ticklock's public API: :class:`ManualClock`, :func:`run_job`,
+and :class:`MemoryDatabase`, an in-memory database that several schedulers share as replicas."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from ._job import JobContext, _is_async
+from ._memory import MemoryDatabase, ReplicaLost
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ("ManualClock", "run_job")
+__all__ = ("ManualClock", "MemoryDatabase", "ReplicaLost", "run_job")
 
 T = TypeVar("T")
 _SETTLE_ROUNDS = 10_000  # bounds the wait when some task never blocks

@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from random import Random
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from .._clock import Clock
 from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState
-from .._errors import ClockAhead
-from .._job import Job, Outcome, RunResult
+from .._errors import ClockAhead, SchedulerStateError
+from .._fleet import Fleet
+from .._job import Job, JobHealth, Outcome, RunResult
 from .._lock_key import lock_key
 from .._plan import next_due, overdue_at
 from .._sharing import Member
 from . import database
 from .control import Watch
 from .database import Database
+from .fleet import PostgresFleet, from_pool
 from .sql import Begun, Holder, begin, end_stale_holder
 from .tick import Tick, limit_ms, storable
 
@@ -47,6 +52,32 @@ STALE_GRACE = 1.0
 """Seconds past a holder's server-side bound after which another replica ends its session:
 what bounds a frozen holder whose handler switched the server-side timeouts off."""
 _RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
+
+
+@dataclass(frozen=True)
+class PostgresBackend:
+    """A namespace of a PostgreSQL database (from a DSN, or the application's pool)."""
+
+    dsn: str | None
+    pool: asyncpg.Pool[Any] | None
+    namespace: str
+    schema: str
+    random: Random
+    require_database: bool = False
+
+    def coordinator(self, owner: str, clock: Clock) -> PostgresCoordinator:
+        """A coordinator with a database of its own (its pool is created at ``open``)."""
+        return PostgresCoordinator(
+            Database(
+                dsn=self.dsn,
+                pool=self.pool,
+                namespace=self.namespace,
+                schema=self.schema,
+                clock=clock,
+                random=self.random,
+                require_database=self.require_database,
+            )
+        )
 
 
 class PostgresCoordinator:
@@ -109,6 +140,22 @@ class PostgresCoordinator:
             await self._watch.run()
         finally:
             self._watch = None
+
+    def fleet(
+        self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
+    ) -> Fleet:
+        """The namespace's fleet through this coordinator's pool (the database keeps the
+        declarations: ``jobs`` and ``health`` are not needed)."""
+        pool = self.db.pool
+        if pool is None:
+            raise SchedulerStateError(
+                "the scheduler is not running: in PostgreSQL mode its operations use its "
+                "pool (use 'ticklock pause|resume|trigger' from outside the app)"
+            )
+        fleet: PostgresFleet = PostgresFleet(
+            from_pool(pool), schema=self.schema, namespace=self.namespace
+        )
+        return fleet
 
     def poke(self) -> None:
         """Beat now."""
