@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -14,6 +16,9 @@ import anyio
 from ticklock import Scheduler
 
 UTC = timezone.utc
+PGBOUNCER = shutil.which("pgbouncer") or (
+    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+)
 
 
 @dataclass

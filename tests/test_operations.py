@@ -12,13 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -32,9 +28,6 @@ from helpers import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 TESTS = Path(__file__).parent
-PGBOUNCER = shutil.which("pgbouncer") or (
-    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
-)
 
 MARGIN = timedelta(seconds=0.5)
 """How long after ``paused_at`` a tick transaction may still have started without seeing the
@@ -399,50 +392,6 @@ async def test_a_trigger_from_the_cli_runs_the_job_once_on_one_of_the_replicas(
 
 
 # --- through PgBouncer in transaction mode -----------------------------------------------------
-
-
-@pytest.fixture
-def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
-    """A real PgBouncer in transaction-pooling mode in front of the test server (as in
-    ``test_pgbouncer.py``)."""
-    if PGBOUNCER is None:
-        pytest.skip("pgbouncer is not installed")
-    target = urlsplit(pg_dsn)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ini = tmp_path / "pgbouncer.ini"
-    ini.write_text(
-        "[databases]\n"
-        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
-        f"user={target.username}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
-        "auth_type = any\npool_mode = transaction\n"
-        "max_client_conn = 100\ndefault_pool_size = 10\n"
-        "ignore_startup_parameters = extra_float_digits\n"
-    )
-    argv = [PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root
-        argv[1:1] = ["-u", "embedded_postgres"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError(
-                    f"pgbouncer did not start: {proc.communicate()[0]!r}"
-                ) from None
-            time.sleep(0.05)
-    try:
-        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
 
 
 async def test_behind_pgbouncer_the_replicas_poll_and_still_obey_within_five_seconds(
