@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import PGBOUNCER
+from helpers import PGBOUNCER, Replicas
 from pgserver import TempPostgres
 
 
@@ -88,20 +89,41 @@ async def pg_conn(pg_dsn: str) -> AsyncIterator[object]:
         await conn.close()
 
 
-@pytest.fixture
-async def ops(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Any]:
-    """Replica processes of ``ops_app`` (``test_operations.Replicas``) in this test's own
-    schema, with its ``log`` table; every one still running is killed at the end."""
-    from ops_app import LOG_TABLE
-    from test_operations import Replicas
-
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
-    replicas = Replicas(pg_dsn, pg_schema, tmp_path)
+@asynccontextmanager
+async def _replicas(
+    app: str, log_table: str, dsn: str, schema: str, conn: Any, tmp: Path
+) -> AsyncIterator[Replicas]:
+    """A :class:`helpers.Replicas` of ``app`` in ``schema``, created with the app's ``log``
+    table; every replica still running is killed at the end."""
+    await conn.execute(f"CREATE SCHEMA {schema}")
+    await conn.execute(log_table.format(schema=schema))
+    replicas = Replicas(dsn, schema, tmp, app)
     try:
         yield replicas
     finally:
         replicas.kill_all()
+
+
+@pytest.fixture
+async def ops(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Replicas]:
+    """Replica processes of ``ops_app`` in this test's own schema, with its ``log`` table."""
+    from ops_app import LOG_TABLE
+
+    async with _replicas("ops_app", LOG_TABLE, pg_dsn, pg_schema, pg_conn, tmp_path) as replicas:
+        yield replicas
+
+
+@pytest.fixture
+async def fleet(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path
+) -> AsyncIterator[Replicas]:
+    """Replica processes of ``replica_app`` in this test's own schema, with its ``log`` table."""
+    from replica_app import LOG_TABLE
+
+    async with _replicas(
+        "replica_app", LOG_TABLE, pg_dsn, pg_schema, pg_conn, tmp_path
+    ) as replicas:
+        yield replicas
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import PGBOUNCER, eventually
-from test_fleet import Fleet
+from helpers import PGBOUNCER, Replicas, eventually
+from replica_app import LOG_TABLE
 from ticklock import JobContext, Outcome, Scheduler, every
 
 pytestmark = [
@@ -109,14 +109,11 @@ async def test_replicas_and_the_cli_work_through_pgbouncer_from_a_plain_dsn(
     await poison(bouncer)
     migrated = cli("migrate", "--dsn", bouncer, "--schema", pg_schema)
     assert migrated.returncode == 0, migrated.stderr
-    await pg_conn.execute(
-        f"CREATE TABLE {pg_schema}.log (job text, slot timestamptz, owner text, "
-        "started timestamptz, finished timestamptz, previous timestamptz, note text)"
-    )
-    fleet = Fleet(bouncer, pg_schema, tmp_path)
+    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
+    fleet = Replicas(bouncer, pg_schema, tmp_path, "replica_app")
     try:
         for owner in ("r1", "r2", "r3"):
-            fleet.spawn(owner, "fleet")
+            fleet.start(owner, "fleet")
         await anyio.sleep(5)
         for owner in ("r1", "r2", "r3"):
             assert fleet.stop(owner) == 0, fleet.output(owner)
