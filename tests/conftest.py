@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers import PGBOUNCER, Replicas
 from pgserver import TempPostgres
 
 
@@ -82,20 +89,84 @@ async def pg_conn(pg_dsn: str) -> AsyncIterator[object]:
         await conn.close()
 
 
-@pytest.fixture
-async def ops(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Any]:
-    """Replica processes of ``ops_app`` (``test_operations.Replicas``) in this test's own
-    schema, with its ``log`` table; every one still running is killed at the end."""
-    from ops_app import LOG_TABLE
-    from test_operations import Replicas
-
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
-    replicas = Replicas(pg_dsn, pg_schema, tmp_path)
+@asynccontextmanager
+async def _replicas(
+    app: str, log_table: str, dsn: str, schema: str, conn: Any, tmp: Path
+) -> AsyncIterator[Replicas]:
+    """A :class:`helpers.Replicas` of ``app`` in ``schema``, created with the app's ``log``
+    table; every replica still running is killed at the end."""
+    await conn.execute(f"CREATE SCHEMA {schema}")
+    await conn.execute(log_table.format(schema=schema))
+    replicas = Replicas(dsn, schema, tmp, app)
     try:
         yield replicas
     finally:
         replicas.kill_all()
+
+
+@pytest.fixture
+async def ops(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Replicas]:
+    """Replica processes of ``ops_app`` in this test's own schema, with its ``log`` table."""
+    from ops_app import LOG_TABLE
+
+    async with _replicas("ops_app", LOG_TABLE, pg_dsn, pg_schema, pg_conn, tmp_path) as replicas:
+        yield replicas
+
+
+@pytest.fixture
+async def fleet(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path
+) -> AsyncIterator[Replicas]:
+    """Replica processes of ``replica_app`` in this test's own schema, with its ``log`` table."""
+    from replica_app import LOG_TABLE
+
+    async with _replicas(
+        "replica_app", LOG_TABLE, pg_dsn, pg_schema, pg_conn, tmp_path
+    ) as replicas:
+        yield replicas
+
+
+@pytest.fixture
+def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
+    """A real PgBouncer in transaction-pooling mode in front of the test server: its DSN."""
+    if PGBOUNCER is None:
+        pytest.skip("pgbouncer is not installed")
+    target = urlsplit(pg_dsn)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ini = tmp_path / "pgbouncer.ini"
+    ini.write_text(
+        "[databases]\n"
+        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
+        f"user={target.username}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        "auth_type = any\npool_mode = transaction\n"
+        "max_client_conn = 100\ndefault_pool_size = 10\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+    )
+    argv = [PGBOUNCER, str(ini)]
+    if os.geteuid() == 0:  # pgbouncer refuses to run as root (it logs to stderr here)
+        argv[1:1] = ["-u", "embedded_postgres"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(
+                    f"pgbouncer did not start: {proc.communicate()[0]!r}"
+                ) from None
+            time.sleep(0.05)
+    try:
+        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
 
 
 @pytest.fixture

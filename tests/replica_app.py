@@ -3,7 +3,7 @@
 Configured by environment variables: ``REPLICA_SCENARIO``, ``REPLICA_OWNER``,
 ``REPLICA_SCHEMA``, ``REPLICA_MARKER`` (a file touched when a handler holds its lock) and
 ``REPLICA_SHIFT`` (seconds added to the wall clock, to bring a cron minute close).
-Every handler writes one row to ``<schema>.log`` through ``ctx.conn``.
+Every handler writes one row to ``<schema>.log`` (:data:`LOG_TABLE`) through ``ctx.conn``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ OWNER = os.environ.get("REPLICA_OWNER", "replica")
 SCHEMA = os.environ.get("REPLICA_SCHEMA", "ticklock")
 MARKER = Path(os.environ.get("REPLICA_MARKER", "/nonexistent/marker"))
 SHIFT = float(os.environ.get("REPLICA_SHIFT", "0"))
+
+LOG_TABLE = (
+    "CREATE TABLE {schema}.log (job text, slot timestamptz, owner text, "
+    "started timestamptz, finished timestamptz, previous timestamptz, note text)"
+)
+"""The table the handlers write to; a test creates it before it starts the replicas."""
 
 
 class ShiftedClock(SystemClock):

@@ -32,9 +32,9 @@ from urllib.parse import quote
 import anyio
 import pytest
 
-from helpers import eventually
-from ops_app import HOSTILE_ERROR, HOSTILE_REPORT, LOG_TABLE
-from test_operations import BOUND, MARGIN, Replicas, db_now, job_row, last_run, wait_live, wait_run
+from helpers import Replicas, eventually
+from ops_app import HOSTILE_ERROR, HOSTILE_REPORT
+from test_operations import BOUND, MARGIN, db_now, job_row, last_run, wait_live, wait_run
 from ticklock._dashboard import create_app
 
 if TYPE_CHECKING:
@@ -71,12 +71,9 @@ class Fleet:
 
 
 @pytest.fixture
-async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Fleet]:
+async def fleet(ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any) -> AsyncIterator[Fleet]:
     if CHROMIUM is None:
         pytest.skip("no `chromium` executable on PATH (Debian: apt-get install chromium)")
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
-    replicas = Replicas(pg_dsn, pg_schema, tmp_path)
     # uvicorn serves a socket bound here (no port race), passed as a file descriptor
     sock = socket.socket()
     try:
@@ -85,27 +82,24 @@ async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> As
         port = sock.getsockname()[1]
         argv = [sys.executable, "-m", "uvicorn", "--factory", "ops_app:create_app"]
         argv += ["--fd", str(sock.fileno()), "--log-level", "warning"]
-        env = replicas.env("web-1", "web", dsn=pg_dsn)
-        replicas.popen("web-1", argv, env, pass_fds=[sock.fileno()])
+        env = ops.env("web-1", "web", dsn=pg_dsn)
+        ops.popen("web-1", argv, env, pass_fds=[sock.fileno()])
     finally:
         sock.close()
-    replicas.start("worker-1", "web")
-    f = Fleet(replicas, f"http://127.0.0.1:{port}")
-    try:
-        await wait_live(pg_conn, pg_schema, OWNERS)
+    ops.start("worker-1", "web")
+    f = Fleet(ops, f"http://127.0.0.1:{port}")
+    await wait_live(pg_conn, pg_schema, OWNERS)  # the ops fixture kills what still runs
 
-        async def serving() -> bool:
-            return (await anyio.to_thread.run_sync(get, f.dashboard + "/"))[0] == 200
+    async def serving() -> bool:
+        return (await anyio.to_thread.run_sync(get, f.dashboard + "/"))[0] == 200
 
-        await eventually(serving, 20, "the web replica to serve its dashboard")
-        yield f
-        assert replicas.stop("worker-1") == 0, replicas.output("worker-1")
-        # uvicorn shuts down gracefully on SIGTERM, then raises it again for its exit status
-        assert replicas.stop("web-1") in (0, -signal.SIGTERM), replicas.output("web-1")
-        left = await pg_conn.fetchval(f"SELECT count(*) FROM {pg_schema}.replicas")
-        assert left == 0, "a replica did not leave: its scheduler was not shut down gracefully"
-    finally:
-        replicas.kill_all()
+    await eventually(serving, 20, "the web replica to serve its dashboard")
+    yield f
+    assert ops.stop("worker-1") == 0, ops.output("worker-1")
+    # uvicorn shuts down gracefully on SIGTERM, then raises it again for its exit status
+    assert ops.stop("web-1") in (0, -signal.SIGTERM), ops.output("web-1")
+    left = await pg_conn.fetchval(f"SELECT count(*) FROM {pg_schema}.replicas")
+    assert left == 0, "a replica did not leave: its scheduler was not shut down gracefully"
 
 
 @asynccontextmanager

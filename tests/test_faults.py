@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import re
 import signal
-import sys
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
 
-from helpers import eventually
-from test_operations import Replicas, count_beats, db_now, json_job, wait_live, wait_run
+from helpers import Replicas, eventually
+from test_operations import count_beats, db_now, json_job, wait_live, wait_run
 from ticklock._sharing import weight
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
-
-
-def start(ops: Replicas, owner: str, scenario: str, *, log_level: str = "INFO", **env: str) -> None:
-    """``ticklock run ops_app:scheduler`` as ``owner``, with ``OPS_<NAME>`` variables."""
-    argv = [sys.executable, "-m", "ticklock", "run", "ops_app:scheduler", "--dsn"]
-    argv += [ops.tagged(ops.dsn), "--log-level", log_level]
-    environ = ops.env(owner, scenario)
-    environ.update({f"OPS_{name.upper()}": value for name, value in env.items()})
-    ops.popen(owner, argv, environ)
 
 
 def ranking(owners: list[str], job: str) -> list[str]:
@@ -62,7 +52,7 @@ async def test_a_slot_whose_two_first_replicas_were_killed_together_runs_within_
     # timeout 1.5 s: a backup that waited for the runs ahead of it to time out would take 3.5 s
     options = {"jobs": "8", "interval": "2", "timeout": "1.5"}
     for owner in owners:
-        start(ops, owner, "faults", log_level="WARNING", **options)
+        ops.start(owner, "faults", log_level="WARNING", **options)
     await wait_live(pg_conn, ops.schema, set(owners))
     await anyio.sleep(6)  # every replica sees the others (they beat twice to count)
     job = "j0"
@@ -91,8 +81,8 @@ async def test_a_slot_whose_two_first_replicas_were_killed_together_runs_within_
 async def test_rows_that_never_beat_twice_stay_out_of_the_view_and_dead_rows_are_pruned(
     ops: Replicas, pg_conn: Any
 ) -> None:
-    start(ops, "a", "faults", jobs="4", interval="1", timeout="0.5")
-    start(ops, "b", "faults", jobs="4", interval="1", timeout="0.5")
+    ops.start("a", "faults", jobs="4", interval="1", timeout="0.5")
+    ops.start("b", "faults", jobs="4", interval="1", timeout="0.5")
     await wait_live(pg_conn, ops.schema, {"a", "b"})
     s = ops.schema
     jobs = [f"j{i}" for i in range(4)]
@@ -124,12 +114,12 @@ async def test_replicas_joining_and_leaving_cost_no_job_a_gap_beyond_its_interva
 ) -> None:
     options = {"jobs": "20", "interval": "1", "timeout": "0.5"}
     for owner in ("a", "b"):
-        start(ops, owner, "faults", log_level="WARNING", **options)
+        ops.start(owner, "faults", log_level="WARNING", **options)
     await wait_live(pg_conn, ops.schema, {"a", "b"})
     await anyio.sleep(3)
     since = await db_now(pg_conn)
     for owner in ("c", "d", "e", "f"):  # a rolling deploy: new replicas join one by one...
-        start(ops, owner, "faults", log_level="WARNING", **options)
+        ops.start(owner, "faults", log_level="WARNING", **options)
         await anyio.sleep(1.5)
     for owner in ("a", "b"):  # ...and the old ones leave, gracefully
         assert ops.stop(owner) == 0, ops.output(owner)
@@ -148,8 +138,8 @@ async def test_tables_dropped_under_a_running_fleet_come_back_and_a_resume_is_no
     ops: Replicas, pg_conn: Any
 ) -> None:
     s = ops.schema
-    start(ops, "a", "pause")
-    start(ops, "b", "pause")
+    ops.start("a", "pause")
+    ops.start("b", "pause")
     await wait_live(pg_conn, s, {"a", "b"})
     paused = await ops.cli("pause", "steady")
     assert paused.code == 0, paused
@@ -189,7 +179,7 @@ async def test_a_storm_of_notifications_makes_no_storm_of_heartbeats(
     migrated = await ops.cli("migrate")
     assert migrated.code == 0, migrated
     await count_beats(pg_conn, s)
-    start(ops, "a", "pause")
+    ops.start("a", "pause")
     await wait_live(pg_conn, s, {"a"})
     await anyio.sleep(3)
     since = await db_now(pg_conn)
@@ -217,7 +207,7 @@ async def test_a_failing_owner_gives_its_job_up_and_its_retries_run_elsewhere(
     owners = ["a", "b", "c"]
     bad = ranking(owners, "secret")[0]  # the job's owner is the host without the secret
     for owner in owners:
-        start(ops, owner, "failing", **({"fail": "1"} if owner == bad else {}))
+        ops.start(owner, "failing", **({"fail": "1"} if owner == bad else {}))
     await wait_live(pg_conn, s, set(owners))
     since = await db_now(pg_conn)
     await anyio.sleep(16)
@@ -246,11 +236,11 @@ async def test_when_declarations_differ_the_majority_rules_and_status_says_so(
     ops: Replicas, pg_conn: Any
 ) -> None:
     s = ops.schema
-    start(ops, "old-1", "declared-1")
-    start(ops, "old-2", "declared-1")
+    ops.start("old-1", "declared-1")
+    ops.start("old-2", "declared-1")
     await wait_live(pg_conn, s, {"old-1", "old-2"})
     await anyio.sleep(2)
-    start(ops, "new-1", "declared-0.5")  # a rolling deploy's first replica, or an odd host
+    ops.start("new-1", "declared-0.5")  # a rolling deploy's first replica, or an odd host
     await wait_live(pg_conn, s, {"new-1"})
     await anyio.sleep(3)
     since = await db_now(pg_conn)
@@ -264,7 +254,7 @@ async def test_when_declarations_differ_the_majority_rules_and_status_says_so(
     assert "declared otherwise by new-1" in text.out, text
     assert "declare it differently" in ops.output("new-1"), ops.output("new-1")
     # the deploy goes on: a second new replica, and an old one leaves: most run the new one
-    start(ops, "new-2", "declared-0.5")
+    ops.start("new-2", "declared-0.5")
     await wait_live(pg_conn, s, {"new-2"})
     assert ops.stop("old-1") == 0
     await anyio.sleep(3)

@@ -6,97 +6,20 @@ real SIGTERM (and paused with SIGSTOP, killed with SIGKILL where the test says s
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from helpers import eventually
+from helpers import Replicas, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
-TESTS = Path(__file__).parent
-
-
-class Fleet:
-    def __init__(self, dsn: str, schema: str, tmp: Path) -> None:
-        self.dsn, self.schema, self.tmp = dsn, schema, tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def spawn(self, owner: str, scenario: str, shift: float = 0.0) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env.update(
-            REPLICA_SCENARIO=scenario,
-            REPLICA_OWNER=owner,
-            REPLICA_SCHEMA=self.schema,
-            REPLICA_MARKER=str(self.tmp / f"{owner}.marker"),
-            REPLICA_SHIFT=str(shift),
-            # the caller's path first: the replicas run the ticklock under test
-            PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])),
-        )
-        with open(self.tmp / f"{owner}.log", "wb") as out:  # the child keeps its own fd
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ticklock", "run", "replica_app:scheduler"]
-                + ["--dsn", self.dsn],
-                cwd=TESTS,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.procs[owner] = proc
-        return proc
-
-    def marker(self, owner: str) -> Path:
-        return self.tmp / f"{owner}.marker"
-
-    async def wait_marker(self, owner: str, what: str) -> None:
-        """Wait until ``owner``'s handler touched its marker (it holds the lock)."""
-        marker = self.marker(owner)
-
-        async def touched() -> bool:
-            return marker.exists()
-
-        await eventually(touched, 20, what)
-
-    def output(self, owner: str) -> str:
-        return (self.tmp / f"{owner}.log").read_text()
-
-    def stop(self, owner: str) -> int:
-        proc = self.procs[owner]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout=20)
-
-    def kill_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.fixture
-async def fleet(pg_dsn: str, pg_schema: str, pg_conn: Any, tmp_path: Path) -> AsyncIterator[Fleet]:
-    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
-    await pg_conn.execute(
-        f"CREATE TABLE {pg_schema}.log (job text, slot timestamptz, owner text, "
-        "started timestamptz, finished timestamptz, previous timestamptz, note text)"
-    )
-    f = Fleet(pg_dsn, pg_schema, tmp_path)
-    try:
-        yield f
-    finally:
-        f.kill_all()
 
 
 async def test_three_replicas_commit_each_slot_once_without_overlap(
-    fleet: Fleet, pg_conn: Any
+    fleet: Replicas, pg_conn: Any
 ) -> None:
     # shift the wall clock so that a cron minute boundary falls inside the run
     now = datetime.now(timezone.utc)
@@ -105,7 +28,7 @@ async def test_three_replicas_commit_each_slot_once_without_overlap(
     # than 2 s cannot commit)
     shift = (boundary - now).total_seconds() - 63.0
     for owner in ("r1", "r2", "r3"):
-        fleet.spawn(owner, "fleet", shift=shift)
+        fleet.start(owner, "fleet", shift=str(shift))
     await anyio.sleep(7)
     for owner in ("r1", "r2", "r3"):
         assert fleet.stop(owner) == 0, fleet.output(owner)
@@ -136,9 +59,9 @@ async def test_three_replicas_commit_each_slot_once_without_overlap(
     assert runs == len(rows)
 
 
-async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_conn: Any) -> None:
+async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Replicas, pg_conn: Any) -> None:
     s = fleet.schema
-    a = fleet.spawn("A", "pause")
+    a = fleet.start("A", "pause")
     for _ in range(3):
         await fleet.wait_marker("A", "replica A to hold the lock inside its handler")
         a.send_signal(signal.SIGSTOP)
@@ -156,7 +79,7 @@ async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_co
         fleet.marker("A").unlink()
     else:
         raise AssertionError("replica A was never stopped inside its tick")
-    fleet.spawn("B", "pause")
+    fleet.start("B", "pause")
 
     async def b_committed() -> bool:
         return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'B'"))
@@ -193,17 +116,17 @@ async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Fleet, pg_co
 
 
 async def test_a_frozen_holder_that_switched_off_its_timeouts_is_ended_by_another_replica(
-    fleet: Fleet, pg_conn: Any
+    fleet: Replicas, pg_conn: Any
 ) -> None:
     # A's handler sets transaction_timeout, statement_timeout and
     # idle_in_transaction_session_timeout to 0, then A is frozen holding the lock: B ends A's
     # session once A's transaction is older than its bound (timeout 1.5 + 1.0) plus 1.0.
     s = fleet.schema
-    a = fleet.spawn("A", "unbounded")
+    a = fleet.start("A", "unbounded")
     await fleet.wait_marker("A", "replica A to hold the lock inside its handler")
     a.send_signal(signal.SIGSTOP)
     paused_at = datetime.now(timezone.utc)
-    fleet.spawn("B", "unbounded")
+    fleet.start("B", "unbounded")
 
     async def b_committed() -> bool:
         return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'B'"))
@@ -228,15 +151,17 @@ async def test_a_frozen_holder_that_switched_off_its_timeouts_is_ended_by_anothe
     assert "success" not in [r["outcome"] for r in a_runs]
 
 
-async def test_a_replica_killed_mid_run_leaves_no_partial_write(fleet: Fleet, pg_conn: Any) -> None:
+async def test_a_replica_killed_mid_run_leaves_no_partial_write(
+    fleet: Replicas, pg_conn: Any
+) -> None:
     s = fleet.schema
-    k = fleet.spawn("K", "crash")
+    k = fleet.start("K", "crash")
     await fleet.wait_marker("K", "replica K to be inside its second run")
     k.send_signal(signal.SIGKILL)
     k.wait()
     first = await pg_conn.fetch(f"SELECT slot, note FROM {s}.log")
     assert [r["note"] for r in first] == ["K"], "only the first, committed run is there"
-    fleet.spawn("R", "crash")
+    fleet.start("R", "crash")
 
     async def recovered() -> bool:
         return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'R'"))
@@ -268,10 +193,10 @@ async def _top_owner(pg_conn: Any, schema: str, owners: list[str]) -> str:
     return str(rows[0]["note"])
 
 
-async def _shared_fleet(fleet: Fleet, pg_conn: Any) -> list[str]:
+async def _shared_fleet(fleet: Replicas, pg_conn: Any) -> list[str]:
     owners = ["s1", "s2", "s3"]
     for owner in owners:
-        fleet.spawn(owner, "share")
+        fleet.start(owner, "share")
     s = fleet.schema
 
     async def sharing() -> bool:  # every replica runs some jobs, and their views agree
@@ -314,7 +239,7 @@ async def _check_fleet(pg_conn: Any, schema: str, since: datetime) -> dict[str, 
     return by_job
 
 
-async def test_a_killed_owner_s_jobs_run_again_on_the_others(fleet: Fleet, pg_conn: Any) -> None:
+async def test_a_killed_owner_s_jobs_run_again_on_the_others(fleet: Replicas, pg_conn: Any) -> None:
     owners = await _shared_fleet(fleet, pg_conn)
     s = fleet.schema
     victim = await _top_owner(pg_conn, s, owners)
@@ -334,7 +259,7 @@ async def test_a_killed_owner_s_jobs_run_again_on_the_others(fleet: Fleet, pg_co
 
 
 async def test_a_paused_owner_s_jobs_run_on_the_others_and_its_late_writes_vanish(
-    fleet: Fleet, pg_conn: Any
+    fleet: Replicas, pg_conn: Any
 ) -> None:
     owners = await _shared_fleet(fleet, pg_conn)
     s = fleet.schema

@@ -10,31 +10,16 @@ and the database stamps ``paused_at`` and ``trigger_at`` too.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import pytest
 
-from helpers import eventually
+from helpers import Replicas, Result, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
-TESTS = Path(__file__).parent
-PGBOUNCER = shutil.which("pgbouncer") or (
-    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
-)
 
 MARGIN = timedelta(seconds=0.5)
 """How long after ``paused_at`` a tick transaction may still have started without seeing the
@@ -42,99 +27,6 @@ pause: the pause commits within milliseconds of its ``now()`` (longer only while
 commit holds the job's row), and a tick reads it under the job's lock."""
 BOUND = timedelta(seconds=5)
 """The contract: a pause, resume or trigger is honoured by every replica within 5 s."""
-
-
-# --- real processes ----------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def __str__(self) -> str:
-        return f"exit {self.code}\nstdout:\n{self.out}\nstderr:\n{self.err}"
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-class Replicas:
-    """Replica processes of ``ops_app`` in one schema, and the ``ticklock`` command on it."""
-
-    def __init__(self, dsn: str, schema: str, tmp: Path) -> None:
-        self.dsn, self.schema, self.tmp = dsn, schema, tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def env(self, owner: str, scenario: str, dsn: str | None = None) -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop("TICKLOCK_DSN", None)
-        env.update(
-            OPS_SCENARIO=scenario,
-            OPS_OWNER=owner,
-            OPS_SCHEMA=self.schema,
-            PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])),
-        )
-        if dsn is not None:
-            env["OPS_DSN"] = dsn
-        return env
-
-    def popen(
-        self, owner: str, argv: list[str], env: dict[str, str], **options: Any
-    ) -> subprocess.Popen[bytes]:
-        with open(self.tmp / f"{owner}.log", "ab") as out:  # the child keeps its own fd
-            proc = subprocess.Popen(
-                argv, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT, **options
-            )
-        self.procs[owner] = proc
-        return proc
-
-    def start(
-        self, owner: str, scenario: str, dsn: str | None = None, log_level: str = "INFO"
-    ) -> subprocess.Popen[bytes]:
-        """``ticklock run ops_app:scheduler`` as replica ``owner``."""
-        argv = [sys.executable, "-m", "ticklock", "run", "ops_app:scheduler", "--dsn"]
-        argv += [self.tagged(dsn or self.dsn), "--log-level", log_level]
-        return self.popen(owner, argv, self.env(owner, scenario))
-
-    def tagged(self, dsn: str) -> str:
-        """``dsn`` with ``application_name`` = the schema: this test's sessions in
-        ``pg_stat_activity`` (PgBouncer passes the name on to its server sessions)."""
-        parts = urlsplit(dsn)
-        query = urlencode([*parse_qsl(parts.query), ("application_name", self.schema)])
-        return urlunsplit(parts._replace(query=query))
-
-    def output(self, owner: str) -> str:
-        return (self.tmp / f"{owner}.log").read_text()
-
-    def stop(self, owner: str) -> int:
-        proc = self.procs[owner]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout=20)
-
-    def kill_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-
-    async def cli(
-        self, *args: str, dsn: str | None = None, env: dict[str, str] | None = None
-    ) -> Result:
-        """``python -m ticklock ARGS --schema SCHEMA --dsn DSN`` (no ``--dsn`` if ``env`` has
-        ``TICKLOCK_DSN``)."""
-        argv = [sys.executable, "-m", "ticklock", *args, "--schema", self.schema]
-        environ = dict(os.environ)
-        environ.pop("TICKLOCK_DSN", None)
-        environ.update(env or {})
-        if "TICKLOCK_DSN" not in environ:
-            argv += ["--dsn", dsn or self.dsn]
-        done = await anyio.run_process(argv, check=False, env=environ)
-        result = Result(done.returncode, done.stdout.decode(), done.stderr.decode())
-        assert "Traceback" not in result.err, result
-        return result
 
 
 # --- what the database says --------------------------------------------------------------------
@@ -399,50 +291,6 @@ async def test_a_trigger_from_the_cli_runs_the_job_once_on_one_of_the_replicas(
 
 
 # --- through PgBouncer in transaction mode -----------------------------------------------------
-
-
-@pytest.fixture
-def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
-    """A real PgBouncer in transaction-pooling mode in front of the test server (as in
-    ``test_pgbouncer.py``)."""
-    if PGBOUNCER is None:
-        pytest.skip("pgbouncer is not installed")
-    target = urlsplit(pg_dsn)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ini = tmp_path / "pgbouncer.ini"
-    ini.write_text(
-        "[databases]\n"
-        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
-        f"user={target.username}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
-        "auth_type = any\npool_mode = transaction\n"
-        "max_client_conn = 100\ndefault_pool_size = 10\n"
-        "ignore_startup_parameters = extra_float_digits\n"
-    )
-    argv = [PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root
-        argv[1:1] = ["-u", "embedded_postgres"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError(
-                    f"pgbouncer did not start: {proc.communicate()[0]!r}"
-                ) from None
-            time.sleep(0.05)
-    try:
-        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
 
 
 async def test_behind_pgbouncer_the_replicas_poll_and_still_obey_within_five_seconds(

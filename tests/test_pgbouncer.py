@@ -5,74 +5,24 @@ Runs when the ``pgbouncer`` binary is installed (``.ci/run`` installs Debian's p
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import asyncpg
 import pytest
 
-from helpers import eventually
-from test_fleet import Fleet
+from helpers import PGBOUNCER, Replicas, eventually
+from replica_app import LOG_TABLE
 from ticklock import JobContext, Outcome, Scheduler, every
 
-PGBOUNCER = shutil.which("pgbouncer") or (
-    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
-)
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.postgres,
     pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed"),
 ]
-
-
-@pytest.fixture
-def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
-    target = urlsplit(pg_dsn)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ini = tmp_path / "pgbouncer.ini"
-    ini.write_text(
-        "[databases]\n"
-        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
-        f"user={target.username}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
-        "auth_type = any\npool_mode = transaction\n"
-        "max_client_conn = 100\ndefault_pool_size = 10\n"
-        "ignore_startup_parameters = extra_float_digits\n"
-    )
-    argv = [str(PGBOUNCER), str(ini)]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root (it logs to stderr here)
-        argv[1:1] = ["-u", "embedded_postgres"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError(
-                    f"pgbouncer did not start: {proc.communicate()[0]!r}"
-                ) from None
-            time.sleep(0.05)
-    try:
-        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
 
 
 async def test_two_replicas_through_pgbouncer_transaction_pooling(
@@ -159,14 +109,11 @@ async def test_replicas_and_the_cli_work_through_pgbouncer_from_a_plain_dsn(
     await poison(bouncer)
     migrated = cli("migrate", "--dsn", bouncer, "--schema", pg_schema)
     assert migrated.returncode == 0, migrated.stderr
-    await pg_conn.execute(
-        f"CREATE TABLE {pg_schema}.log (job text, slot timestamptz, owner text, "
-        "started timestamptz, finished timestamptz, previous timestamptz, note text)"
-    )
-    fleet = Fleet(bouncer, pg_schema, tmp_path)
+    await pg_conn.execute(LOG_TABLE.format(schema=pg_schema))
+    fleet = Replicas(bouncer, pg_schema, tmp_path, "replica_app")
     try:
         for owner in ("r1", "r2", "r3"):
-            fleet.spawn(owner, "fleet")
+            fleet.start(owner, "fleet")
         await anyio.sleep(5)
         for owner in ("r1", "r2", "r3"):
             assert fleet.stop(owner) == 0, fleet.output(owner)

@@ -1,5 +1,8 @@
 """What an operator sees and steers of a fleet: job, run and replica records, and the operations.
 
+The records' JSON (:func:`job_json`, :func:`run_json`, :func:`replica_json`) is written here once,
+for ``ticklock status --json`` / ``history --json`` and for the dashboard's JSON API.
+
 :class:`Fleet` is the seam the CLI and the dashboard use. In PostgreSQL mode
 (``ticklock._postgres.fleet.PostgresFleet``) it reads and writes the namespace's tables, so an
 operation reaches every replica; in memory (``ticklock._memory.MemoryFleet``) it is the
@@ -9,8 +12,9 @@ process's database (local mode, or the schedulers sharing a ``MemoryDatabase``).
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 
@@ -91,6 +95,60 @@ class Replica:
     failing: tuple[str, ...] = ()
     """The jobs it gave up: its own runs of them kept failing while other replicas could
     run them (it runs them only when no other replica does)."""
+
+
+def job_json(job: JobRecord) -> dict[str, Any]:
+    """A job as ``ticklock status --json`` and the dashboard's ``/api/jobs`` give it."""
+    return {
+        "job_id": job.job_id,
+        "state": job.state.value,
+        "last_success": iso(job.last_success),
+        "last_outcome": job.last_outcome,
+        "next_due": iso(job.next_due),
+        "consecutive_failures": job.consecutive_failures,
+        "last_error": job.last_error,
+        "last_owner": job.last_owner,
+        "paused_at": iso(job.paused_at),
+        "trigger_at": iso(job.trigger_at),
+        "declared_otherwise": list(job.declared_otherwise),
+    }
+
+
+def run_json(run: RunRecord) -> dict[str, Any]:
+    """A run as ``ticklock history --json`` gives it (the dashboard adds its ``job_id``)."""
+    return {
+        "slot": iso(run.slot),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "duration": run.duration,
+        "outcome": run.outcome,
+        "owner": run.owner,
+        "manual": run.manual,
+        "report": run.report,
+        "error": run.error,
+    }
+
+
+def replica_json(replica: Replica) -> dict[str, Any]:
+    """A live replica as ``ticklock status --json`` and ``/api/replicas`` give it."""
+    return {
+        "owner": replica.owner,
+        "started_at": iso(replica.started_at),
+        "seen_at": iso(replica.seen_at),
+        "jobs": list(replica.jobs),
+        "failing": list(replica.failing),
+    }
+
+
+def iso(when: datetime | None) -> str | None:
+    """An instant as ISO 8601 in UTC (``2026-11-29T20:45:07.250000+00:00``); ``None`` for none."""
+    return when.astimezone(timezone.utc).isoformat() if when is not None else None
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON text, non-ASCII kept, anything JSON cannot hold (a report of an
+    in-process fleet) as its ``str``."""
+    return json.dumps(value, ensure_ascii=False, default=str, indent=indent)
 
 
 class JobDeclared(Exception):

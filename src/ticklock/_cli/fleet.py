@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
 
-from .._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
+from .._fleet import JobDeclared, JobRecord, JobState, job_json, json_text, replica_json, run_json
 from .._postgres.fleet import PostgresFleet, from_connection
 from .app import label
 from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
@@ -43,15 +41,6 @@ def _when(at: datetime | None) -> str:
     return at.isoformat(timespec="seconds") if at is not None else "-"
 
 
-def _json(value: Any) -> str:
-    def encode(obj: Any) -> Any:
-        if isinstance(obj, datetime):
-            return obj.isoformat()
-        raise TypeError(type(obj).__name__)
-
-    return json.dumps(value, default=encode, ensure_ascii=False, indent=2)
-
-
 def _one_line(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
@@ -77,12 +66,13 @@ async def status(args: argparse.Namespace) -> int:
     alarm = any(job.state in _ALARMS for job in jobs)
     if args.json:
         print(
-            _json(
+            json_text(
                 {
                     "namespace": args.namespace,
-                    "jobs": jobs_json(jobs),
+                    "jobs": [job_json(j) for j in jobs],
                     "replicas": [replica_json(r) for r in replicas],
-                }
+                },
+                indent=2,
             )
         )
         return EXIT_NOT_OK if alarm else EXIT_OK
@@ -124,51 +114,6 @@ def _failed(job: JobRecord) -> str:
     return where + _one_line(job.last_error)
 
 
-def jobs_json(jobs: list[JobRecord]) -> list[dict[str, Any]]:
-    """``status --json``'s jobs."""
-    return [
-        {
-            "job_id": j.job_id,
-            "state": j.state.value,
-            "last_success": j.last_success,
-            "last_outcome": j.last_outcome,
-            "next_due": j.next_due,
-            "consecutive_failures": j.consecutive_failures,
-            "last_error": j.last_error,
-            "last_owner": j.last_owner,
-            "paused_at": j.paused_at,
-            "trigger_at": j.trigger_at,
-            "declared_otherwise": list(j.declared_otherwise),
-        }
-        for j in jobs
-    ]
-
-
-def replica_json(replica: Replica) -> dict[str, Any]:
-    """``status --json``'s replicas."""
-    return {
-        "owner": replica.owner,
-        "started_at": replica.started_at,
-        "seen_at": replica.seen_at,
-        "jobs": list(replica.jobs),
-        "failing": list(replica.failing),
-    }
-
-
-def _run_json(run: RunRecord) -> dict[str, Any]:
-    return {
-        "slot": run.slot,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "duration": run.duration,
-        "outcome": run.outcome,
-        "owner": run.owner,
-        "manual": run.manual,
-        "report": run.report,
-        "error": run.error,
-    }
-
-
 async def history(args: argparse.Namespace) -> int:
     """The job's last runs, newest first."""
     if args.limit < 1:
@@ -181,7 +126,7 @@ async def history(args: argparse.Namespace) -> int:
         except KeyError as exc:
             return _refused(exc)
     if args.json:
-        print(_json([_run_json(run) for run in runs]))
+        print(json_text([run_json(run) for run in runs], indent=2))
         return EXIT_OK
     print(f"{'finished':<25}  {'slot':<25}  {'outcome':<9}  {'seconds':>8}  {'owner':<20}  note")
     for run in runs:
@@ -189,7 +134,7 @@ async def history(args: argparse.Namespace) -> int:
         if run.error:
             note += _one_line(run.error)
         elif run.report is not None:
-            note += _one_line(json.dumps(run.report, ensure_ascii=False))
+            note += _one_line(json_text(run.report))
         print(
             f"{_when(run.finished_at):<25}  {_when(run.slot):<25}  {run.outcome:<9}  "
             f"{run.duration:>8.3f}  {run.owner:<20}  {note or '-'}"

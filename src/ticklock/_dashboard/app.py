@@ -11,7 +11,6 @@ read and shown cut to :data:`MAX_TEXT` characters, a job's last error in a toolt
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -33,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._caps import cut_text
 from .._errors import describe
-from .._fleet import Fleet, JobRecord, JobState, Replica, RunRecord
+from .._fleet import Fleet, JobState, job_json, json_text, replica_json, run_json
 from . import hosts
 from .chart import duration_chart, seconds_label
 
@@ -182,18 +181,20 @@ def create_app(
 
     async def api_jobs(request: Request) -> Response:
         jobs = await ask(fleet.jobs)
-        return _json({"namespace": fleet.namespace, "jobs": [_job_json(j) for j in jobs]})
+        return _json({"namespace": fleet.namespace, "jobs": [job_json(j) for j in jobs]})
 
     async def api_runs(request: Request) -> Response:
         job_id: str = request.path_params["job_id"]
         limit = _limit(request)
         runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
-        return _json({"job_id": job_id, "runs": [_run_json(r) for r in runs]})
+        return _json(
+            {"job_id": job_id, "runs": [{"job_id": r.job_id, **run_json(r)} for r in runs]}
+        )
 
     async def api_replicas(request: Request) -> Response:
         replicas = await ask(fleet.replicas)
         return _json(
-            {"namespace": fleet.namespace, "replicas": [_replica_json(r) for r in replicas]}
+            {"namespace": fleet.namespace, "replicas": [replica_json(r) for r in replicas]}
         )
 
     async def health(request: Request) -> Response:
@@ -427,55 +428,9 @@ def _unavailable(exc: Exception) -> str:
     return f"the fleet is unavailable ({text}); see the application's log"
 
 
-def _iso(when: datetime | None) -> str | None:
-    return when.astimezone(timezone.utc).isoformat() if when else None
-
-
-def _job_json(job: JobRecord) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "state": job.state.value,
-        "last_success": _iso(job.last_success),
-        "last_outcome": job.last_outcome,
-        "next_due": _iso(job.next_due),
-        "consecutive_failures": job.consecutive_failures,
-        "last_error": job.last_error,
-        "last_owner": job.last_owner,
-        "declared_otherwise": list(job.declared_otherwise),
-        "paused_at": _iso(job.paused_at),
-        "trigger_at": _iso(job.trigger_at),
-    }
-
-
-def _run_json(run: RunRecord) -> dict[str, Any]:
-    return {
-        "job_id": run.job_id,
-        "slot": _iso(run.slot),
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
-        "duration": run.duration,
-        "outcome": run.outcome,
-        "owner": run.owner,
-        "manual": run.manual,
-        "report": run.report,
-        "error": run.error,
-    }
-
-
-def _replica_json(replica: Replica) -> dict[str, Any]:
-    return {
-        "owner": replica.owner,
-        "started_at": _iso(replica.started_at),
-        "seen_at": _iso(replica.seen_at),
-        "jobs": list(replica.jobs),
-        "failing": list(replica.failing),
-    }
-
-
 def _json(body: Any, status: int = 200) -> Response:
     """JSON, with anything JSON cannot hold (a report of an in-process fleet) as its ``str``."""
-    text = json.dumps(body, ensure_ascii=False, default=str)
-    return Response(text, status_code=status, media_type="application/json")
+    return Response(json_text(body), status_code=status, media_type="application/json")
 
 
 def _cut(text: str | None, limit: int) -> str:
@@ -485,7 +440,7 @@ def _cut(text: str | None, limit: int) -> str:
 
 def _json_text(value: Any) -> str:
     """A report as JSON text for a page (autoescaped there like any text); ``""`` for none."""
-    return "" if value is None else json.dumps(value, ensure_ascii=False, default=str)
+    return "" if value is None else json_text(value)
 
 
 def _when(when: datetime | None) -> str:
