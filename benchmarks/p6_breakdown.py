@@ -60,7 +60,7 @@ async def measure(dsn: str, ticks: int, rounds: int) -> None:
         pass
 
     async with scheduler:
-        runner = scheduler._runner
+        runner = scheduler._crew.runner
         assert runner is not None
         coordinator: Any = runner.coordinator
         job = scheduler.jobs["empty"]

@@ -186,7 +186,7 @@ async def p6(dsn: str, ticks: int) -> dict[str, Any]:
             await holder.execute("ROLLBACK")
             await holder.close()
             assert locked.outcome is Outcome.LOCKED
-            runner = scheduler._runner
+            runner = scheduler._crew.runner
             assert runner is not None
             job = scheduler.jobs["empty"]
             CountingConnection.statements = 0

@@ -34,6 +34,7 @@ PEERS = {
 }
 LABELS = {
     "ticklock": "ticklock",
+    "before": "ticklock (--before)",
     "naive": "naive (task per job)",
     "aps3": "APScheduler 3.11",
     "aps4": "APScheduler 4.0.0a6",
@@ -72,10 +73,14 @@ def version_of(impl: str) -> str:
     return out.stdout.strip()
 
 
+BEFORE: Path | None = None  # --before: another checkout's ticklock, measured beside this one
+
+
 def workload(impl: str, name: str, jobs: int, seconds: float, interval: float) -> dict[str, Any]:
-    argv = [python_for(impl), str(HERE / "workloads.py"), impl, name]
+    src = {"ticklock": HERE.parent / "src", "before": BEFORE and BEFORE / "src"}.get(impl)
+    argv = [python_for(impl), str(HERE / "workloads.py"), "ticklock" if src else impl, name]
     argv += ["--jobs", str(jobs), "--seconds", str(seconds), "--interval", str(interval)]
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")} if impl == "ticklock" else None
+    env = {**os.environ, "PYTHONPATH": str(src)} if src else None
     try:
         out = subprocess.run(
             argv, capture_output=True, text=True, timeout=seconds * 4 + 120, env=env
@@ -167,9 +172,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, ticklock and naive")
     parser.add_argument("--repeat", type=int, default=None, help="repetitions (default 3)")
     parser.add_argument("--only", default="", help="comma-separated workload ids, e.g. P1,P4")
+    parser.add_argument(
+        "--before", type=Path, help="another checkout of ticklock, measured beside this one (A/B)"
+    )
     args = parser.parse_args()
+    global BEFORE
+    BEFORE = args.before
     repeat = args.repeat or (1 if args.quick else 3)
-    impls = ["ticklock", "naive"] + ([] if args.quick else ensure_peers())
+    impls = ["ticklock", *(["before"] if BEFORE else []), "naive"]
+    impls += [] if args.quick else ensure_peers()
     started = time.time()
     report: dict[str, Any] = {
         "machine": machine(),

@@ -39,9 +39,17 @@ from ticklock._dashboard.hosts import for_bind_address, host_name
 from ticklock._fleet import JobRecord, JobState, Replica, RunRecord
 
 UTC = timezone.utc
-NOW = datetime.now(UTC).replace(microsecond=0)
+NOW = datetime.now(UTC).replace(microsecond=0)  # set again before each test (below)
 HOSTILE = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """The pages say "N s ago" from the real time: a NOW taken at import, a minute before the
+    test ran in a long session, read "1 min ago"."""
+    global NOW
+    NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 class MemoryFleet:

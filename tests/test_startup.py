@@ -345,3 +345,33 @@ async def test_a_user_without_rights_on_the_tables_gets_the_grants_to_make(
         assert f"GRANT USAGE ON SCHEMA {pg_schema}" in str(raised.value)
     finally:
         await pg_conn.execute(f"DROP ROLE {role}")
+
+
+def test_one_outage_is_one_warning_whatever_its_causes_in_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a server being started refuses connections, then says it is starting up: one outage
+    import random
+
+    import asyncpg
+
+    from ticklock import SystemClock
+    from ticklock._postgres.database import Database
+
+    db = Database(
+        dsn="postgresql://127.0.0.1:1/x",
+        pool=None,
+        namespace="default",
+        schema="ticklock",
+        clock=SystemClock(),
+        random=random.Random(1),
+    )
+    with caplog.at_level(logging.INFO, logger="ticklock"):
+        db.down(ConnectionRefusedError(111, "Connect call failed"))
+        db.down(asyncpg.CannotConnectNowError("the database system is starting up"))
+    levels = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records]
+    assert levels == [
+        ("WARNING", "the database is unavailable"),
+        ("INFO", "the database is still unavailable"),
+    ]
+    assert db.problem is not None and "starting up" in db.problem

@@ -152,12 +152,16 @@ class Database:
         cause = describe(exc)
         if self._down_since is None or type(exc).__name__ not in self._cause:
             if self.classify(exc):  # down, restarting, overloaded: it comes back by itself
+                was_down = self._down_since is not None and self._advice is None
                 self._advice = None
                 self.problem = f"the database is unavailable ({cause})"
-                logger.warning(
-                    "the database is unavailable (%s): ticks end as 'error' until it answers",
-                    cause,
-                )
+                if was_down:  # one outage, one WARNING: "refused", then "starting up"
+                    logger.info("the database is still unavailable (%s)", cause)
+                else:
+                    logger.warning(
+                        "the database is unavailable (%s): ticks end as 'error' until it answers",
+                        cause,
+                    )
             else:  # an operator's fix: say which
                 self._advice = self._fix(exc)
                 self.problem = f"{cause}: {self._advice}"
