@@ -1,5 +1,6 @@
 """ticklock: periodic jobs inside the process you already run, safe across replicas."""
 
+from ._batch import Batch as Batch
 from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._errors import ScheduleError as ScheduleError
@@ -21,6 +22,7 @@ from ._triggers import every as every
 from ._version import __version__ as __version__
 
 __all__ = (
+    "Batch",
     "Clock",
     "Cron",
     "Every",

@@ -102,3 +102,20 @@ def is_marker(report: Any, text: str) -> bool:
 def report_text(report: Any) -> str:
     """``report`` as the JSON text whose length :data:`REPORT_LIMIT` bounds."""
     return json.dumps(report, allow_nan=False, ensure_ascii=False)
+
+
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash
+
+
+def jsonb_text(value: Any) -> str:
+    """``value``'s JSON text; ``TypeError`` or ``ValueError`` unless PostgreSQL's ``jsonb`` can
+    store it (in local mode too, so that a job behaves the same in both): a run's report, a
+    batch's cursor."""
+    text = report_text(value)
+    if _NUL.search(text):
+        raise ValueError("a string holds a NUL character, which jsonb cannot store")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("a string holds an unpaired surrogate, which jsonb cannot store") from None
+    return text

@@ -46,6 +46,11 @@ class FleetState:
     """The instant of a trigger request no run has served yet."""
     last_owner: str | None = None
     """The replica whose run executed last (the one that failed ``failed_slot``, if set)."""
+    busy_until: datetime | None = None
+    """Until when a batched run that committed a batch holds the job between its batches (the
+    database's clock; ``None``: no batched run in progress). See :mod:`._batch`."""
+    cursor: str | None = None
+    """The JSON text of the cursor committed with the job's last committed batch."""
 
     def committed(self, result: RunResult) -> FleetState:
         """This state with a successful run folded in."""
@@ -59,6 +64,7 @@ class FleetState:
             failed_attempts=0,
             last_owner=result.owner,
             trigger_at=self._served(result),
+            busy_until=None,
         )
 
     def failed(self, result: RunResult) -> FleetState:
@@ -119,9 +125,21 @@ class Attempt(Protocol):
     acquired: bool
     state: FleetState
     conn: asyncpg.Connection[Any] | None
+    fence: int | None
+    """The job's fence once this run committed a batch (``None`` before): see :mod:`._batch`."""
 
-    async def commit(self, result: RunResult, job: Job) -> None:
-        """Write the watermark, the success and the run record, and commit."""
+    async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
+        """Write the watermark, the success and the run record (and, for a run with batches,
+        the ``cursor`` of its last batch), and commit."""
+        ...
+
+    async def commit_batch(self, cursor: str | None) -> None:
+        """Commit the batch in flight with ``cursor``, under the job's exclusion."""
+        ...
+
+    async def begin_batch(self, budget: float) -> None:
+        """Begin the next batch, ``budget`` seconds left to the run, under the job's
+        exclusion (raises :class:`~ticklock._errors.TakenOver` when it was lost)."""
         ...
 
     async def close(self) -> None:
@@ -173,8 +191,9 @@ class Coordinator(Protocol):
         its owner should have run."""
         ...
 
-    async def record_failure(self, result: RunResult, job: Job) -> None:
-        """Record a run that did not commit, in a transaction of its own."""
+    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
+        """Record a run that did not commit, in a transaction of its own (``fence``: the
+        attempt's, which ends its hold between batches)."""
         ...
 
     async def watch(

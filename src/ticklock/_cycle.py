@@ -194,6 +194,7 @@ class Cycle(Timer):
             ahead=entry.ahead,
             observer=entry.observer,
             second=entry.stage == 1,
+            now=now,
         )
         if not held:
             entry.held_at = None

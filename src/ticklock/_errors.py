@@ -13,14 +13,18 @@ Hierarchy::
     ├── SlotAlreadyCommitted  a commit refused: the watermark is at or past the slot
     ├── TransactionEnded      a commit refused: the handler ended the tick's transaction
     ├── LimitsChanged         a commit refused: the handler loosened the server-side timeouts
-    └── ClockAhead            a tick or commit refused: the slot or end lies in the database's
-                              future
+    ├── ClockAhead            a tick or commit refused: the slot or end lies in the database's
+    │                         future
+    ├── TakenOver             a batch refused: another replica took the job over between two
+    │                         batches of this run (it was paused past its budget)
+    └── BatchesEntered        ``ctx.batches()`` entered a second time in one run
     ConnectionError
     └── DatabaseUnavailable   the database does not answer
 
-The last five end a run as ``error`` (with their message); they are not exported.
-``StatementRefused`` is raised inside the handler, so its run is a ``failure``; it is not
-exported either.
+``SlotAlreadyCommitted``, ``TransactionEnded``, ``LimitsChanged``, ``ClockAhead``,
+``TakenOver`` and ``DatabaseUnavailable`` end a run as ``error`` (with their message); they are
+not exported. ``StatementRefused`` and ``BatchesEntered`` are raised inside the handler, so
+their run is a ``failure``; they are not exported either.
 """
 
 from __future__ import annotations
@@ -80,6 +84,15 @@ class ClockAhead(RuntimeError):
     """The replica's slot or end lies in the database's future: its clock runs ahead. A slot
     is refused before its handler starts; an end (the clock stepped during the run) at the
     commit."""
+
+
+class TakenOver(RuntimeError):
+    """A batch of a batched run found that another replica took the job over since the
+    run's previous batch (the run outlived its budget, paused): nothing of it commits."""
+
+
+class BatchesEntered(RuntimeError):
+    """``ctx.batches()`` was entered a second time in one run."""
 
 
 class DatabaseUnavailable(ConnectionError):

@@ -76,6 +76,10 @@ class RunRecord:
     error: str | None
     manual: bool
     """Started by ``trigger`` or ``run_now``, not by the schedule."""
+    batches: int = 0
+    """The batches of ``ctx.batches()`` the run committed (0: it entered none)."""
+    capped: bool = False
+    """``max_batches`` stopped the run's loop: a backlog was left for the next run."""
 
     @property
     def duration(self) -> float:
@@ -124,6 +128,8 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "outcome": run.outcome,
         "owner": run.owner,
         "manual": run.manual,
+        "batches": run.batches,
+        "capped": run.capped,
         "report": run.report,
         "error": run.error,
     }

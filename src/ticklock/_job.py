@@ -7,13 +7,14 @@ import enum
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from typing_extensions import Unpack
 
 from . import _zones
+from ._batch import Batches
 from ._errors import ScheduleError, SchedulerStateError
 from ._triggers import Cron, Every, Trigger
 from ._validate import Duration, name, seconds
@@ -70,6 +71,26 @@ class JobContext:
     namespace: str = "default"
     attempt: int = 1
     """1 for a slot's first attempt, 2 for its first retry, and so on."""
+    _batches: Batches | None = field(default=None, repr=False, compare=False)
+    """The run's batches (the runner's); ``None``: one transaction for all of them."""
+
+    def batches(self) -> Batches:
+        """The run's batches, an async iterator of :class:`~ticklock.Batch`: each batch's body
+        runs in a transaction of its own under the job's exclusion, which commits (with
+        ``batch.cursor``) when the loop asks for the next batch; the batch the body leaves
+        commits with the run's end, only if the run succeeds. At most ``max_batches``; once
+        per run::
+
+            async for batch in ctx.batches():
+                n = await batch.db.fetchval("... DELETE ... LIMIT 1000 ...")
+                if n < 1000:
+                    break
+        """
+        source = self._batches
+        if source is None:  # a context made by hand (testing.run_job): no commits between
+            source = Batches(self.job_id, self.conn, None, None, None)
+            object.__setattr__(self, "_batches", source)
+        return source.enter()
 
     @property
     def db(self) -> asyncpg.Connection[Any]:
@@ -109,6 +130,11 @@ class RunResult:
     manual: bool = False
     """Started by :meth:`~ticklock.Scheduler.trigger` or :meth:`~ticklock.Scheduler.run_now`,
     not by the schedule."""
+    batches: int = 0
+    """The batches of :meth:`JobContext.batches` this run committed (0 for a run that never
+    entered them); with a failure, those committed before it."""
+    capped: bool = False
+    """The run succeeded and ``max_batches`` stopped its loop: a backlog was left."""
 
     @property
     def duration(self) -> float:
@@ -156,6 +182,9 @@ class JobOptions(TypedDict, total=False):
     """How many times a failed slot runs again, never past the next slot (default 0)."""
     retry_backoff: Duration
     """Seconds before the first retry, doubling per retry (default 10)."""
+    max_batches: int | None
+    """How many batches of :meth:`JobContext.batches` a run may commit (default ``None``:
+    no cap); a run stopped by it is ``capped``."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -171,6 +200,7 @@ class Job:
     overdue_grace: float
     retries: int = 0
     retry_backoff: float = 10.0
+    max_batches: int | None = None
 
     @classmethod
     def declare(
@@ -197,6 +227,7 @@ class Job:
         overdue_grace = options.get("overdue_grace")
         retries = options.get("retries", 0)
         retry_backoff = options.get("retry_backoff", 10.0)
+        max_batches = options.get("max_batches")
 
         if not isinstance(trigger, (Every, Cron)):
             raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")
@@ -241,6 +272,14 @@ class Job:
                 f"retry_backoff ({backoff:g} s) must be shorter than the period ({period:g} s): "
                 "a retry never runs past the next slot, so none would ever run",
             )
+        if max_batches is not None and (
+            not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1
+        ):
+            raise error(
+                "max_batches",
+                f"max_batches must be a whole number of batches, 1 or more, or None (no cap), "
+                f"got {max_batches!r}",
+            )
         return cls(
             id=job_id,
             func=func,
@@ -251,6 +290,7 @@ class Job:
             overdue_grace=grace,
             retries=retries,
             retry_backoff=backoff,
+            max_batches=max_batches,
         )
 
 
@@ -282,9 +322,11 @@ def declaration(job: Job) -> str:
         else f"cron {trigger.expr!r} {trigger.tz} (tzdata {_zones.version()}) "
         f"jitter {trigger.jitter:g}s"
     )
+    batches = "" if job.max_batches is None else f", max_batches {job.max_batches}"
     return (
         f"{shape}, timeout {job.timeout:g}s, retries {job.retries} (backoff "
         f"{job.retry_backoff:g}s), catch_up {job.catch_up}, overdue_grace {job.overdue_grace:g}s"
+        f"{batches}"
     )
 
 

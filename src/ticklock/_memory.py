@@ -177,6 +177,11 @@ class MemoryDatabase:
         """Keep ``result`` in the job's history."""
         self.history.setdefault(result.job_id, deque(maxlen=self.HISTORY)).append(result)
 
+    def keep_cursor(self, job_id: str, cursor: str | None) -> None:
+        """Keep ``cursor`` (JSON text) as the job's, committed with a batch."""
+        old = self.states.get(job_id, FleetState())
+        self.states[job_id] = replace(old, cursor=cursor)
+
     def fold(self, result: RunResult) -> None:
         """Fold a run that executed into the job's state, and keep it in the history."""
         old = self.states.get(result.job_id, FleetState())
@@ -186,7 +191,7 @@ class MemoryDatabase:
 
 
 class _MemoryAttempt:
-    __slots__ = ("_db", "acquired", "conn", "job_id", "lost", "owner", "state")
+    __slots__ = ("_db", "acquired", "conn", "fence", "job_id", "lost", "owner", "state")
 
     def __init__(self, db: MemoryDatabase, owner: str, job_id: str) -> None:
         self._db = db
@@ -197,14 +202,29 @@ class _MemoryAttempt:
             db._held[job_id] = self
         self.lost = False
         self.conn: asyncpg.Connection[Any] | None = None
+        self.fence: int | None = None  # the lock is held for the whole run: no fence needed
         state = db.states.get(job_id)
         self.state = FleetState() if state is None else state
 
-    async def commit(self, result: RunResult, job: Job) -> None:
+    async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
+        await self._hold()
+        self._db.fold(result)
+        if result.batches:
+            self._db.keep_cursor(self.job_id, cursor)
+
+    async def commit_batch(self, cursor: str | None) -> None:
+        """Keep the batch's cursor (the lock is held for the whole run)."""
+        await self._hold()
+        self._db.keep_cursor(self.job_id, cursor)
+
+    async def begin_batch(self, budget: float) -> None:
+        """Nothing to begin in memory, once the replica is not frozen."""
+        await self._hold()
+
+    async def _hold(self) -> None:
         await self._db._gate(self.owner)
         if self.lost:
             raise ReplicaLost(f"replica {self.owner} lost the lock of {self.job_id} (frozen)")
-        self._db.fold(result)
 
     async def close(self) -> None:
         if self.acquired and self._db._held.get(self.job_id) is self:
@@ -248,7 +268,7 @@ class MemoryCoordinator:
         states = {i: db.states[i] for i in job_ids if i in db.states}
         return states, frozenset(db._held.keys() & set(job_ids))
 
-    async def record_failure(self, result: RunResult, job: Job) -> None:
+    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
         """Count the failure in the fleet's state."""
         await self.db._gate(self.owner)
         self.db.fold(result)
@@ -441,4 +461,6 @@ def _record(run: RunResult, max_text: int | None) -> RunRecord:
         report=report,
         error=error,
         manual=run.manual,
+        batches=run.batches,
+        capped=run.capped,
     )

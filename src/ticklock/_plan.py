@@ -5,7 +5,8 @@
 - :func:`look`: what a backup does when it has read a slot's state (:data:`Look`, see
   :mod:`._sharing`);
 - :func:`admit`: whether a tick that holds the lock runs its handler, and for which slot
-  (:data:`Admission`).
+  (:data:`Admission`);
+- :func:`busy`: whether a batched run holds the job between two of its batches.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
     if state.paused_at is not None:
         return IDLE
     if result is not None and result.outcome is Outcome.LOCKED:
+        if busy(state, now):  # a batched run elsewhere: look again once its hold has ended
+            assert state.busy_until is not None
+            return Recheck(max(STEP, (state.busy_until - now).total_seconds() + STEP))
         return Recheck(job.trigger.period)  # running elsewhere: look again a period later
     retry = _retry(job, state, now)
     if retry is not None:
@@ -244,15 +248,21 @@ def look(
     ahead: tuple[str, ...],
     observer: bool,
     second: bool,
+    now: datetime | None = None,
 ) -> Look:
     """What a backup does after reading the state of the slot it waits for (``None``: a
     re-alignment), whether its lock is ``held`` (for ``held_for`` seconds as this replica has
     seen it), given the replicas ``ahead`` of it, whether it only observes the job, and
-    whether this is its ``second`` look at the slot open (see :mod:`._sharing`)."""
+    whether this is its ``second`` look at the slot open (see :mod:`._sharing`). A batched
+    run that holds the job between its batches (:func:`busy` at ``now``) counts as holding
+    its lock: looked at again a grace later, or when its hold ends if that comes first."""
     if state.paused_at is not None or slot is None or stale(job, state, slot, attempt):
         return REPLAN
     if observer:  # declared otherwise: never attempts
         return LookAgain(job.trigger.period)
+    if now is not None and not held and busy(state, now):
+        assert state.busy_until is not None
+        return LookAgain(min(GRACE, max(STEP, (state.busy_until - now).total_seconds() + STEP)))
     if held:  # a run is in progress: look again a grace later, until it must have ended
         if held_for < job.timeout + 2 * GRACE:
             return LookAgain(GRACE)
@@ -278,8 +288,23 @@ class Skip:
     why: str
 
 
-Admission = Run | Skip
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Do not run the handler: a batched run holds the job between its batches until
+    ``until`` (the outcome is ``locked``, as for a held lock)."""
+
+    until: datetime
+
+
+Admission = Run | Skip | Busy
 """Whether a tick that holds the job's lock runs its handler."""
+
+
+def busy(state: FleetState, now: datetime) -> bool:
+    """Whether a batched run holds the job between two of its batches at ``now``: it
+    committed a batch, and its hold (its start on the database's clock plus its budget and a
+    grace) has not ended. Its run's end, or its failure record, ends the hold at once."""
+    return state.busy_until is not None and state.busy_until > now
 
 
 def admit(

@@ -8,7 +8,6 @@ rolled back and recorded as ``cancelled``.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,14 +16,15 @@ import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from . import _plan
+from ._batch import Batches
 from ._blocked import watch
-from ._caps import bound_error, bound_report, report_text
+from ._caps import bound_error, bound_report, jsonb_text
 from ._clock import Clock
 from ._coordination import Attempt, Coordinator, FleetState
 from ._dispatcher import Dispatcher
 from ._errors import describe
 from ._job import Job, JobContext, Outcome, RunResult
-from ._plan import Skip
+from ._plan import Busy, Skip
 from ._telemetry import JOB_ID, Telemetry, logger
 
 
@@ -40,6 +40,13 @@ class _Run:
     executed: bool = False  # the handler was started: a failure must be recorded
     finished_at: datetime | None = None
     result: RunResult | None = None
+    batches: Batches | None = None
+    cursor: str | None = None  # the JSON text of the last batch's cursor, for the commit
+
+    @property
+    def committed(self) -> int:
+        """Batches committed (the last one with the run's end, once it succeeded)."""
+        return 0 if self.batches is None else self.batches.committed
 
     def fail(self, outcome: Outcome, exc: BaseException | None, error: str) -> None:
         self.outcome, self.exc, self.error = outcome, exc, error
@@ -56,20 +63,22 @@ def _cancel_requested() -> bool:
     return task is None or task.cancelling() > 0
 
 
-_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an escaped NUL, not an escaped backslash
+_check_report = jsonb_text  # testing.run_job checks a report as the runner does
 
 
-def _check_report(report: Any) -> str:
-    """``report``'s JSON text; ``TypeError`` or ``ValueError`` unless PostgreSQL's ``jsonb`` can
-    store it (in local mode too, so that a job behaves the same in both)."""
-    text = report_text(report)
-    if _NUL.search(text):
-        raise ValueError("a string holds a NUL character, which jsonb cannot store")
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        raise ValueError("a string holds an unpaired surrogate, which jsonb cannot store") from None
-    return text
+@dataclass(slots=True)
+class _Advance:
+    """A run's batches, as its attempt commits and begins them within the run's budget."""
+
+    attempt: Attempt
+    clock: Clock
+    deadline: float  # monotonic
+
+    async def commit_batch(self, cursor: str | None) -> None:
+        await self.attempt.commit_batch(cursor)
+
+    async def begin_batch(self) -> None:
+        await self.attempt.begin_batch(max(0.001, self.deadline - self.clock.monotonic()))
 
 
 class Runner:
@@ -140,7 +149,7 @@ class Runner:
                 # a slot in the database's future is refused here, before the handler starts
                 at = started if run.slot is None else max(run.slot, started)
                 attempt = await self.coordinator.attempt(job.id, job.timeout, at)
-                await self._hold(job, attempt, run, started, slot, number)
+                await self._hold(job, attempt, run, started, slot, number, deadline)
             overran = scope.cancel_called or clock.monotonic() >= deadline
             if overran and attempt is None:  # the database did not answer in time
                 run.fail(Outcome.ERROR, None, f"no database connection within {job.timeout:g} s")
@@ -151,7 +160,7 @@ class Runner:
                 run.fail(Outcome.TIMEOUT, TimeoutError(error).with_traceback(where), error)
             if run.outcome is Outcome.SUCCESS and attempt is not None:
                 result = run.result = self._result(job, run, started)
-                await attempt.commit(result, job)
+                await attempt.commit(result, job, run.cursor)
                 if run.state is not None:
                     run.state = run.state.committed(result)
         except anyio.get_cancelled_exc_class():
@@ -172,12 +181,16 @@ class Runner:
         started: datetime,
         requested: datetime | None,
         number: int,
+        deadline: float,
     ) -> None:
         if not attempt.acquired:
             run.outcome = Outcome.LOCKED
             return
         state = run.state = attempt.state
         admission = _plan.admit(job, state, requested, number, manual=run.manual, started=started)
+        if isinstance(admission, Busy):  # a batched run holds the job between its batches
+            run.outcome = Outcome.LOCKED  # the state read says until when (the planner)
+            return
         if isinstance(admission, Skip):
             run.outcome = Outcome.SKIPPED
             return
@@ -193,7 +206,17 @@ class Runner:
             conn=attempt.conn,
             namespace=self.namespace,
             attempt=1 if run.manual else number,
+            _batches=(
+                batches := Batches(
+                    job.id,
+                    attempt.conn,
+                    state.cursor,
+                    job.max_batches,
+                    _Advance(attempt, self.clock, deadline),
+                )
+            ),
         )
+        run.batches = batches
         run.executed = True
         try:
             report = await watch(job.func(ctx), job.id, self.dispatcher.blocked)
@@ -215,6 +238,12 @@ class Runner:
             )
             return
         run.finished_at = self.clock.now()
+        if batches.current is not None:
+            try:
+                run.cursor = batches.last_cursor()
+            except ValueError as exc:
+                run.fail(Outcome.FAILURE, exc, describe(exc))
+                return
         try:
             text = None if report is None else _check_report(report)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -233,6 +262,8 @@ class Runner:
     def _result(self, job: Job, run: _Run, started: datetime) -> RunResult:
         assert run.outcome is not None
         run.error = bound_error(run.error, job.id, run.slot)  # once: a cut error fits
+        batches, success = run.batches, run.outcome is Outcome.SUCCESS
+        in_flight = success and batches is not None and batches.current is not None
         return RunResult(
             job_id=job.id,
             outcome=run.outcome,
@@ -243,6 +274,8 @@ class Runner:
             report=run.report,
             error=run.error,
             manual=run.manual,
+            batches=run.committed + (1 if in_flight else 0),
+            capped=success and batches is not None and batches.capped,
         )
 
     async def _finish(
@@ -270,7 +303,8 @@ class Runner:
             if run.state is not None:
                 run.state = run.state.failed(result)
             try:
-                await self.coordinator.record_failure(result, job)
+                fence = None if attempt is None else attempt.fence
+                await self.coordinator.record_failure(result, job, fence)
             except Exception:
                 logger.warning(
                     "could not record the %s of %s",

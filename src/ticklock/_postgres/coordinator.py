@@ -327,14 +327,17 @@ class PostgresCoordinator:
         }
         return states, frozenset(row["job_id"] for row in rows if row["held"])
 
-    async def record_failure(self, result: RunResult, job: Job) -> None:
-        """Record a run that did not commit, in its own short transaction."""
+    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
+        """Record a run that did not commit, in its own short transaction (with ``fence``:
+        a batched run's, whose hold between batches it ends if it is still its own)."""
         with self.db.shielded() as scope:
-            await self._record(result, next_due(job, result))
+            await self._record(result, next_due(job, result), fence)
         if scope.cancelled_caught:
             raise TimeoutError(f"the record did not finish within {database.CLEANUP_SECONDS:g} s")
 
-    async def _record(self, result: RunResult, next_due: datetime | None) -> None:
+    async def _record(
+        self, result: RunResult, next_due: datetime | None, fence: int | None
+    ) -> None:
         async with self.db.connection() as conn:
             await conn.execute(
                 self.db.sql.failure,
@@ -349,4 +352,6 @@ class PostgresCoordinator:
                 result.manual,
                 next_due,
                 self.db.anchor(),
+                fence,
+                result.batches,
             )

@@ -26,7 +26,13 @@ import anyio
 
 from .._clock import Clock
 from .._coordination import FUTURE_LIMIT
-from .._errors import DatabaseUnavailable, SlotAlreadyCommitted, StartupError, describe
+from .._errors import (
+    DatabaseUnavailable,
+    SlotAlreadyCommitted,
+    StartupError,
+    TakenOver,
+    describe,
+)
 from .._job import Outcome
 from .connection import Pooler, create_pool
 from .dbtime import database_time
@@ -291,7 +297,7 @@ class Database:
 
         if isinstance(exc, asyncpg.ClientConfigurationError):
             return None  # a DSN option asyncpg refuses: waiting cannot fix it
-        if isinstance(exc, (OSError, asyncpg.InterfaceError, SlotAlreadyCommitted)):
+        if isinstance(exc, (OSError, asyncpg.InterfaceError, SlotAlreadyCommitted, TakenOver)):
             return Outcome.ERROR
         if isinstance(exc, asyncpg.PostgresError):
             state = exc.sqlstate or ""

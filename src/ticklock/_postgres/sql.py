@@ -17,7 +17,7 @@ from .._lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 5
+VERSION = 6
 _TABLES = ("schema_version", "jobs", "runs", "replicas")
 _MIGRATION_LOCK = "ticklock.migrate"
 MIGRATION_LOCK_TIMEOUT_MS = 5000
@@ -58,6 +58,9 @@ CREATE TABLE IF NOT EXISTS {s}.jobs (
     next_due timestamptz,
     last_owner text,
     last_error text,
+    batch_cursor jsonb,
+    fence bigint NOT NULL DEFAULT 0,
+    busy_until timestamptz,
     PRIMARY KEY (namespace, job_id)
 );
 CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace)
@@ -74,7 +77,9 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     owner text NOT NULL,
     report jsonb,
     error text,
-    manual boolean NOT NULL DEFAULT false
+    manual boolean NOT NULL DEFAULT false,
+    batches integer NOT NULL DEFAULT 0,
+    capped boolean NOT NULL DEFAULT false
 );
 CREATE INDEX IF NOT EXISTS runs_job_finished ON {s}.runs (namespace, job_id, finished_at);
 CREATE INDEX IF NOT EXISTS runs_finished ON {s}.runs (finished_at);""",
@@ -121,6 +126,12 @@ def upgrades(schema: str) -> dict[int, str]:
         4: f"ALTER TABLE {s}.replicas "
         "ADD COLUMN IF NOT EXISTS fingerprints text[] NOT NULL DEFAULT '{}', "
         "ADD COLUMN IF NOT EXISTS failing text[] NOT NULL DEFAULT '{}'",
+        # batched runs: the cursor, the fence and the hold between batches (see .tick)
+        5: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS batch_cursor jsonb, "
+        "ADD COLUMN IF NOT EXISTS fence bigint NOT NULL DEFAULT 0, "
+        "ADD COLUMN IF NOT EXISTS busy_until timestamptz; "
+        f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS batches integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN IF NOT EXISTS capped boolean NOT NULL DEFAULT false",
     }
 
 
@@ -177,7 +188,8 @@ class Statements:
         self.state = (
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
             "coalesce(j.consecutive_failures, 0), j.failed_slot, "
-            "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner "
+            "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner, "
+            "j.busy_until, j.batch_cursor::text "
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
@@ -209,7 +221,7 @@ SELECT array_agg(what ORDER BY what) FROM (
         )
         columns = (
             "last_slot, last_end, last_success_at, consecutive_failures, failed_slot, "
-            "failed_attempts, paused_at, trigger_at, last_owner"
+            "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text"
         )
         self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
         # the jobs' states, and whether a run holds each one's lock ($3: the lock keys)
@@ -226,21 +238,27 @@ FROM unnest($2::text[], $3::int8[]) AS v(id, key)
 LEFT JOIN {s}.jobs AS j ON j.namespace = $1 AND j.job_id = v.id"""
         # a manual run serves the trigger requests made up to its slot
         served = "CASE WHEN {m} AND j.trigger_at <= $3 THEN NULL ELSE j.trigger_at END"
-        within = "::interval BETWEEN interval '1 ms' AND $10::int * interval '1 ms'"
+        # A run that committed batches ($15: its fence) ends only if it still holds the job
+        # ($17 > 0: it has batches, and its last one's cursor, $16, commits with it). Every
+        # commit moves the fence and ends any hold between batches: a holder paused between
+        # its batches can commit none after this.
+        fenced = (
+            f"$15::bigint IS NULL OR EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 "
+            "AND job_id = $2 AND fence = $15 AND busy_until > clock_timestamp())"
+        )
         self.commit = f"""
 WITH guard AS (
-    SELECT now() = $9::timestamptz AS same_tx,
-        CASE WHEN current_setting('transaction_timeout', true) IS NULL
-            THEN current_setting('statement_timeout'){within}
-                AND current_setting('idle_in_transaction_session_timeout'){within}
-            ELSE current_setting('transaction_timeout'){within} END AS bounded,
+    SELECT now() = $9::timestamptz AS same_tx, {_bounded("$10")} AS bounded,
         extract(epoch FROM greatest($3::timestamptz, $4::timestamptz)
-            - greatest(clock_timestamp(), $14::timestamptz)) AS ahead
+            - greatest(clock_timestamp(), $14::timestamptz)) AS ahead,
+        {fenced} AS fenced
 ), j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
-        last_outcome, consecutive_failures, overdue_at, next_due, last_owner, updated_at)
-    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, $12, $6, now() FROM guard
-    WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT}
+        last_outcome, consecutive_failures, overdue_at, next_due, last_owner, updated_at,
+        batch_cursor)
+    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, $12, $6, now(),
+        CASE WHEN $17::int > 0 THEN $16::text::jsonb END FROM guard
+    WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT} AND fenced
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_slot = EXCLUDED.last_slot,
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
@@ -249,16 +267,47 @@ WITH guard AS (
         failed_slot = NULL, failed_attempts = 0,
         overdue_at = EXCLUDED.overdue_at, next_due = EXCLUDED.next_due,
         last_owner = EXCLUDED.last_owner, updated_at = now(),
-        trigger_at = {served.format(m="$11")}
+        trigger_at = {served.format(m="$11")},
+        batch_cursor = CASE WHEN $17 > 0 THEN EXCLUDED.batch_cursor ELSE j.batch_cursor END,
+        fence = j.fence + 1, busy_until = NULL
     WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot
     RETURNING 1
 ), r AS (
     INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
-        report, manual)
-    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11 FROM j
+        report, manual, batches, capped)
+    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11, $17, $18 FROM j
 )
 SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
-    $13::boolean AND {PREPARED} FROM guard"""
+    $13::boolean AND {PREPARED}, fenced FROM guard"""
+        # A batch of a batched run commits its cursor under the job's lock and fence. The
+        # first one ($5 IS NULL) takes the job: it moves the fence and holds the job until
+        # the run's start on the database's clock plus its budget and a grace ($6 ms, see
+        # .tick); a later one only if the fence is still its own ($5) and its hold has not
+        # ended. $3: the cursor's JSON text; $4: the transaction's start; $7: the limits the
+        # batch set; $8: the handler used the connection.
+        batch_guard = f"SELECT now() = $4::timestamptz AS same_tx, {_bounded('$7')} AS bounded"
+        self.batch = f"""
+WITH guard AS ({batch_guard}), first AS (
+    INSERT INTO {s}.jobs AS j (namespace, job_id, batch_cursor, fence, busy_until)
+    SELECT $1, $2, $3::text::jsonb, 1, now() + $6::int * interval '1 ms' FROM guard
+    WHERE same_tx AND bounded AND $5::bigint IS NULL
+    ON CONFLICT (namespace, job_id) DO UPDATE SET batch_cursor = EXCLUDED.batch_cursor,
+        fence = j.fence + 1, busy_until = EXCLUDED.busy_until
+    RETURNING j.fence
+), later AS (
+    UPDATE {s}.jobs SET batch_cursor = $3::text::jsonb
+    WHERE namespace = $1 AND job_id = $2 AND fence = $5::bigint
+        AND busy_until > clock_timestamp() AND (SELECT same_tx AND bounded FROM guard)
+    RETURNING fence
+)
+SELECT coalesce((SELECT fence FROM first), (SELECT fence FROM later)), same_tx, bounded,
+    $8::boolean AND {PREPARED} FROM guard"""
+        # the start of a batch's transaction, and whether the run still holds the job ($3)
+        self.batch_hold = (
+            "SELECT now(), EXISTS (SELECT FROM "
+            f"{s}.jobs WHERE namespace = $1 AND job_id = $2 AND fence = $3 "
+            "AND busy_until > clock_timestamp())"
+        )
         # One statement per heartbeat: the replica's row (its job lists only when they
         # changed: NULL keeps them), the namespace's paused and triggered jobs, and the other
         # live replicas with when their job lists last changed.
@@ -326,12 +375,13 @@ WITH j AS (
         failed_slot = CASE WHEN $9 THEN j.failed_slot ELSE $3 END,
         next_due = EXCLUDED.next_due, last_owner = EXCLUDED.last_owner,
         last_error = EXCLUDED.last_error, trigger_at = {served.format(m="$9")},
-        updated_at = now()
+        updated_at = now(),
+        busy_until = CASE WHEN j.fence = $12::bigint THEN NULL ELSE j.busy_until END
     WHERE j.last_slot IS NULL OR j.last_slot < $3
 )
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error,
-    manual)
-VALUES ($1, $2, $3, $5, $4, $6, $7, $8, $9)"""
+    manual, batches)
+VALUES ($1, $2, $3, $5, $4, $6, $7, $8, $9, $13)"""
 
 
 RESET = (
@@ -366,6 +416,37 @@ class Holder(enum.IntEnum):
     """The holder was past its bound: its session was ended."""
     REFUSED = 2
     """The holder is past its bound, and this role may not end its session."""
+
+
+def _bounded(limit: str) -> str:
+    """Whether the server-side timeouts a tick or batch set (``limit``: the parameter of its
+    ms) still hold: ``transaction_timeout`` where the server has it, else the other two."""
+    within = f"::interval BETWEEN interval '1 ms' AND {limit}::int * interval '1 ms'"
+    return (
+        "CASE WHEN current_setting('transaction_timeout', true) IS NULL "
+        f"THEN current_setting('statement_timeout'){within} "
+        f"AND current_setting('idle_in_transaction_session_timeout'){within} "
+        f"ELSE current_setting('transaction_timeout'){within} END"
+    )
+
+
+def begin_batch(key: int, limit_ms: int, *, transaction_timeout: bool) -> str:
+    """A later batch's first query: BEGIN, the server-side timeouts from what is left of the
+    run's budget, and the job's lock, waited for up to :data:`BATCH_LOCK_WAIT_MS` (a rival's
+    attempt holds it a moment to read the job's state, and finds it held between batches)."""
+    if transaction_timeout:
+        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
+    else:
+        limits = (
+            f"SET LOCAL statement_timeout = {limit_ms}; "
+            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
+        )
+    wait = min(limit_ms, BATCH_LOCK_WAIT_MS)
+    return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT pg_advisory_xact_lock({key})"
+
+
+BATCH_LOCK_WAIT_MS = 5000
+"""How long a later batch waits for the job's lock before its run gives up."""
 
 
 def timestamp(value: datetime) -> str:

@@ -25,12 +25,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._caps import ERROR_LIMIT, cut_text
 from .._coordination import FUTURE_LIMIT, FleetState
-from .._errors import ClockAhead, LimitsChanged, SlotAlreadyCommitted, TransactionEnded
+from .._errors import (
+    ClockAhead,
+    LimitsChanged,
+    SlotAlreadyCommitted,
+    TakenOver,
+    TransactionEnded,
+)
 from .._job import Job, RunResult
+from .._lock_key import lock_key
 from .._plan import next_due, overdue_at
 from . import database
 from .connection import ConnectionLease
-from .sql import LEFTOVERS
+from .sql import LEFTOVERS, begin_batch
 
 if TYPE_CHECKING:
     import asyncpg
@@ -40,6 +47,10 @@ if TYPE_CHECKING:
 SERVER_GRACE = 1.0
 """Seconds the server-side timeouts add to the job's timeout, so that the client's own
 timeout normally fires first and the server's is the backstop for a paused process."""
+HOLD_GRACE = 1.0
+"""Seconds a batched run's hold between its batches lasts past its server-side bound: from
+the tick's start on the database's clock, the job's timeout plus :data:`SERVER_GRACE` plus
+this. No batch of the run commits after it; another replica may take the job over then."""
 
 
 class Tick:
@@ -51,6 +62,8 @@ class Tick:
         "_job_id",
         "_lease",
         "_limit_ms",
+        "_hold_ms",
+        "fence",
         "open",
         "tx",
         "acquired",
@@ -67,7 +80,9 @@ class Tick:
     ) -> None:
         self._db = db
         self._job_id = job_id
-        self._limit_ms = limit_ms  # the server-side timeouts the tick set
+        self._limit_ms = limit_ms  # the server-side timeouts the tick (or batch) set
+        self._hold_ms = limit_ms + int(HOLD_GRACE * 1000)  # a batched run's hold
+        self.fence: int | None = None  # the job's fence once a batch of this run committed
         self.tx: datetime | None = None  # the start of the transaction that took the lock
         self.open = True  # until our own COMMIT or ROLLBACK ends the transaction
         self.con: asyncpg.Connection[Any] | None = con
@@ -77,7 +92,104 @@ class Tick:
         self.acquired = False
         self.state = FleetState()
 
-    async def commit(self, result: RunResult, job: Job) -> None:
+    async def commit_batch(self, cursor: str | None) -> None:
+        """Commit the batch in flight with ``cursor``, if the run still holds the job; the
+        first batch takes the job (moves its fence, holds it between batches)."""
+        with self._db.shielded():  # a timeout now would leave unknown whether it committed
+            try:
+                await self._commit_batch(cursor)
+            except Exception as exc:
+                self._db.lost(exc)
+                raise
+        if self.open:
+            raise TimeoutError(
+                f"the commit of a batch did not finish within {database.CLEANUP_SECONDS:g} s "
+                "(a stalled server or network): the batch is rolled back, unless its COMMIT "
+                "had reached the server"
+            )
+
+    async def _commit_batch(self, cursor: str | None) -> None:
+        assert self.con is not None
+        c = self._db
+        row = await self.con.fetchrow(
+            c.sql.batch,
+            c.namespace,
+            self._job_id,
+            cursor,
+            self.tx,
+            self.fence,
+            self._hold_ms,
+            self._limit_ms,
+            self._lease.used,
+        )
+        assert row is not None  # the statement returns one row
+        fence, same_tx, bounded, prepared = row
+        self._check(same_tx, bounded)
+        if fence is None:
+            raise self._taken_over()
+        if self._lease.used:  # no session state left behind on this server session
+            self._lease.retire |= prepared
+            await self.con.execute(c.reset() + "COMMIT")
+        else:
+            await self.con.execute("COMMIT")
+        self.open = False
+        self.fence = fence
+
+    async def begin_batch(self, budget: float) -> None:
+        """Begin the next batch: BEGIN, timeouts from the ``budget`` left, the job's lock,
+        and the check that the run still holds the job (its fence, its hold)."""
+        assert self.con is not None and self.fence is not None
+        c = self._db
+        self._limit_ms = limit_ms(budget)
+        self.open = True  # from BEGIN on, until a COMMIT or ROLLBACK of ours
+        statement = begin_batch(
+            lock_key(c.namespace, self._job_id),
+            self._limit_ms,
+            transaction_timeout=c.transaction_timeout,
+        )
+        try:
+            await self.con.execute(statement)
+        except Exception as exc:
+            import asyncpg
+
+            if isinstance(exc, asyncpg.LockNotAvailableError):
+                raise TakenOver(
+                    f"job {self._job_id!r}: the next batch could not take the job's lock: "
+                    "another session holds it (another replica took the job over, or an "
+                    "operator's forget); nothing more of this run commits"
+                ) from exc
+            c.lost(exc)
+            raise
+        row = await self.con.fetchrow(c.sql.batch_hold, c.namespace, self._job_id, self.fence)
+        assert row is not None
+        self.tx, ours = row
+        if not ours:
+            raise self._taken_over()
+
+    def _taken_over(self) -> TakenOver:
+        return TakenOver(
+            f"job {self._job_id!r}: another replica took the job over since this run's last "
+            "committed batch (this run outlived its hold: paused, or past its budget): this "
+            "batch is rolled back and nothing more of the run commits"
+        )
+
+    def _check(self, same_tx: bool, bounded: bool) -> None:
+        if not same_tx:
+            raise TransactionEnded(
+                "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
+                "ctx.conn), which released the job's lock: what it wrote after that was not "
+                "guarded, and the slot is not marked done. Leave the transaction to ticklock; "
+                "for a partial rollback use 'async with ctx.conn.transaction()' (a savepoint)"
+            )
+        if not bounded:
+            raise LimitsChanged(
+                "the handler changed the tick's server-side timeouts (statement_timeout, "
+                "idle_in_transaction_session_timeout or transaction_timeout) through "
+                "ctx.conn, so a paused replica could hold the lock for ever: nothing was "
+                "committed. To give a job more time, raise its timeout="
+            )
+
+    async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
         # The handler has returned: nothing it left running may use the connection now,
         # between the commit statement's checks and the COMMIT.
         self._lease.end()
@@ -85,7 +197,11 @@ class Tick:
         with self._db.shielded():
             try:
                 await self._write(
-                    result, report, overdue_at(job, result.finished_at), next_due(job, result)
+                    result,
+                    report,
+                    overdue_at(job, result.finished_at),
+                    next_due(job, result),
+                    cursor,
                 )
             except Exception as exc:
                 self._db.lost(exc)
@@ -103,6 +219,7 @@ class Tick:
         report: str | None,
         overdue_at: datetime | None,
         next_due: datetime | None,
+        cursor: str | None,
     ) -> None:
         assert self.con is not None
         c = self._db
@@ -122,23 +239,16 @@ class Tick:
             next_due,
             self._lease.used,
             c.anchor(),
+            self.fence,
+            cursor,
+            result.batches,
+            result.capped,
         )
         assert row is not None  # the statement returns one row
-        written, same_tx, bounded, ahead, prepared = row
-        if not same_tx:
-            raise TransactionEnded(
-                "the handler ended the tick's transaction (a COMMIT or ROLLBACK through "
-                "ctx.conn), which released the job's lock: what it wrote after that was not "
-                "guarded, and the slot is not marked done. Leave the transaction to ticklock; "
-                "for a partial rollback use 'async with ctx.conn.transaction()' (a savepoint)"
-            )
-        if not bounded:
-            raise LimitsChanged(
-                "the handler changed the tick's server-side timeouts (statement_timeout, "
-                "idle_in_transaction_session_timeout or transaction_timeout) through "
-                "ctx.conn, so a paused replica could hold the lock for ever: nothing was "
-                "committed. To give a job more time, raise its timeout="
-            )
+        written, same_tx, bounded, ahead, prepared, fenced = row
+        self._check(same_tx, bounded)
+        if not fenced:
+            raise self._taken_over()
         if ahead > FUTURE_LIMIT:
             raise ClockAhead(
                 f"this replica's clock is {ahead:.1f} s ahead of the database's: its slot "
