@@ -60,6 +60,11 @@ class JobRecord:
     """The live replicas that declare the job otherwise (trigger, timeout, retries...) than
     the ruling declaration (the one most live replicas share; between as many, the one whose
     replicas started first); empty when they all agree."""
+    last_batches: int = 0
+    """The batches the last run committed (0: it entered none)."""
+    last_capped: bool = False
+    """``max_batches`` stopped the last run: a backlog is left (one that never drains keeps
+    every run capped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,8 @@ def job_json(job: JobRecord) -> dict[str, Any]:
         "paused_at": iso(job.paused_at),
         "trigger_at": iso(job.trigger_at),
         "declared_otherwise": list(job.declared_otherwise),
+        "last_batches": job.last_batches,
+        "last_capped": job.last_capped,
     }
 
 

@@ -375,6 +375,8 @@ class MemoryFleet:
                     last_owner=runs[-1].owner if runs else None,
                     paused_at=state.paused_at,
                     trigger_at=state.trigger_at,
+                    last_batches=runs[-1].batches if runs else 0,
+                    last_capped=runs[-1].capped if runs else False,
                 )
             )
         return records

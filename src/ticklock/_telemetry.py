@@ -54,6 +54,11 @@ class Telemetry:
         self.runs = meter.create_counter(
             "ticklock.runs", unit="{run}", description="Tick attempts, by job and outcome."
         )
+        self.capped = meter.create_counter(
+            "ticklock.runs.capped",
+            unit="{run}",
+            description="Successful runs that max_batches stopped with a backlog left, by job.",
+        )
         self.lateness = meter.create_histogram(
             "ticklock.run.lateness",
             unit="s",
@@ -102,6 +107,8 @@ class Telemetry:
         attributes = {JOB_ID: result.job_id, OUTCOME: outcome}  # with no SDK: no-ops
         self.runs.add(1, attributes)
         self.duration.record(result.duration, attributes)
+        if result.capped:
+            self.capped.add(1, {JOB_ID: result.job_id})
         if lateness is not None:
             self.lateness.record(lateness, {JOB_ID: result.job_id})
         self._log(result, exc)
@@ -114,11 +121,14 @@ class Telemetry:
         report = json.dumps(result.report) if result.report is not None else "-"
         logger.log(
             level,
-            "run %s slot=%s outcome=%s duration=%.3fs report=%s%s",
+            "run %s slot=%s outcome=%s duration=%.3fs%s report=%s%s",
             result.job_id,
             slot,
             result.outcome.value,
             result.duration,
+            f" batches={result.batches}{' capped' if result.capped else ''}"
+            if result.batches or result.capped
+            else "",
             report,
             f" error={result.error}" if result.error else "",
             # No traceback for 'error': the coordinator logs an outage once, with its cause.
@@ -131,5 +141,7 @@ class Telemetry:
                 "report": result.report,
                 "owner": result.owner,
                 "error": result.error,
+                "batches": result.batches,
+                "capped": result.capped,
             },
         )

@@ -94,6 +94,11 @@ async def status(args: argparse.Namespace) -> int:
         if job.declared_otherwise:
             shown = ", ".join(job.declared_otherwise)
             print(f"{'':<{width}}  declared otherwise by {shown} (the majority's rules)")
+        if job.last_capped:
+            print(
+                f"{'':<{width}}  last run CAPPED after {job.last_batches} batches "
+                "(max_batches): a backlog is left for the next run"
+            )
     print()
     if replicas:
         print(f"live replicas ({len(replicas)}):")
@@ -131,6 +136,8 @@ async def history(args: argparse.Namespace) -> int:
     print(f"{'finished':<25}  {'slot':<25}  {'outcome':<9}  {'seconds':>8}  {'owner':<20}  note")
     for run in runs:
         note = "manual " if run.manual else ""
+        if run.batches or run.capped:
+            note += f"{run.batches} batches{' CAPPED' if run.capped else ''} "
         if run.error:
             note += _one_line(run.error)
         elif run.report is not None:

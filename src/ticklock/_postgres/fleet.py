@@ -97,7 +97,10 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
         AS future,
     EXISTS (SELECT FROM live) AS fleet, d.enabled,
-    (SELECT owners FROM otherwise AS o WHERE o.job_id = job_id) AS otherwise
+    (SELECT owners FROM otherwise AS o WHERE o.job_id = job_id) AS otherwise,
+    (SELECT ARRAY[r.batches, r.capped::int] FROM {s}.runs AS r
+        WHERE r.namespace = $1 AND r.job_id = j.job_id
+        ORDER BY r.finished_at DESC LIMIT 1) AS last_run
 FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
 ORDER BY job_id"""
         # Reads at most $4 characters of a report and $5 of an error per run (rows recorded
@@ -109,7 +112,7 @@ ORDER BY job_id"""
             f"{MARKER_MAX} AND jsonb_typeof(report) = 'object' AND report ? '{MARKER_KEY}') "
             "THEN r.t END AS report, length(r.t) AS report_length, "
             f"left(r.t, {HEAD}) AS report_head, left(error, $5) AS error, "
-            "length(error) AS error_length, manual "
+            "length(error) AS error_length, manual, batches, capped "
             f"FROM {s}.runs, LATERAL (SELECT report::text AS t) AS r "
             "WHERE namespace = $1 AND job_id = $2 ORDER BY finished_at DESC, id DESC LIMIT $3"
         )
@@ -165,6 +168,8 @@ ORDER BY job_id"""
                 paused_at=row["paused_at"],
                 trigger_at=row["trigger_at"],
                 declared_otherwise=tuple(row["otherwise"] or ()),
+                last_batches=(row["last_run"] or (0, 0))[0],
+                last_capped=bool((row["last_run"] or (0, 0))[1]),
             )
             for row in rows
         ]
@@ -199,6 +204,8 @@ ORDER BY job_id"""
                 report=_report(row),
                 error=_error(row, "error", error_limit),
                 manual=row["manual"],
+                batches=row["batches"],
+                capped=row["capped"],
             )
             for row in rows
         ]
