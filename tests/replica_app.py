@@ -22,6 +22,9 @@ SCHEMA = os.environ.get("REPLICA_SCHEMA", "ticklock")
 MARKER = Path(os.environ.get("REPLICA_MARKER", "/nonexistent/marker"))
 SHIFT = float(os.environ.get("REPLICA_SHIFT", "0"))
 
+DONE_TABLE = "CREATE TABLE {schema}.done (id int, owner text, batch int, at timestamptz)"
+"""The items scenario "batches" marks done; the test creates it and ``<schema>.items``."""
+
 LOG_TABLE = (
     "CREATE TABLE {schema}.log (job text, slot timestamptz, owner text, "
     "started timestamptz, finished timestamptz, previous timestamptz, note text)"
@@ -128,3 +131,28 @@ elif SCENARIO == "unbounded":
                 await ctx.conn.execute(f"SET LOCAL {setting} = 0")
             await anyio.Path(MARKER).touch()
             await anyio.sleep(1.2)  # the test SIGSTOPs this process here
+
+elif SCENARIO == "batches":
+    # a sweep over <schema>.items, three per batch, from the cursor on, at most 4 batches a
+    # run; A's second batch of its first run lasts 1.5 s (the test SIGSTOPs A in there)
+    @scheduler.job(every(2), id="sweep", timeout=1.8, max_batches=4)
+    async def sweep(ctx: JobContext) -> None:
+        global runs
+        runs += 1
+        async for batch in ctx.batches():
+            ids = await batch.db.fetch(
+                f"INSERT INTO {SCHEMA}.done SELECT id, $2, $3, clock_timestamp() "
+                f"FROM {SCHEMA}.items WHERE id > $1 ORDER BY id LIMIT 3 RETURNING id",
+                batch.cursor or 0,
+                OWNER,
+                batch.number,
+            )
+            if ids:
+                batch.cursor = ids[-1]["id"]
+            if OWNER == "A" and runs == 1 and batch.number == 2:
+                await anyio.Path(MARKER).touch()
+                await anyio.sleep(1.5)  # the test SIGSTOPs this process here
+            else:
+                await anyio.sleep(0.1)
+            if len(ids) < 3:
+                break

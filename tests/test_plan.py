@@ -3,6 +3,7 @@ then retries end to end on ManualClock and against a real PostgreSQL."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,7 @@ from ticklock._plan import (
     KEEP,
     Admission,
     Attempt,
+    Busy,
     Delayed,
     GiveUp,
     Idle,
@@ -97,6 +99,14 @@ CASES = [
         ended(Outcome.LOCKED, 0, 0),
         Recheck(60.0),
     ),  # fmt: skip
+    (
+        "locked-by-a-batched-run-looks-again-once-its-hold-ends",
+        job(),
+        FleetState(last_slot=s(0), last_end=s(1), busy_until=s(70)),
+        s(63),
+        ended(Outcome.LOCKED, 61, 63),
+        Recheck(7.25),
+    ),
     (
         "skipped-realigns-to-the-fleet",
         job(),
@@ -334,6 +344,28 @@ def test_look(
     assert decision == expected
 
 
+HOLDS = [
+    # (id, state, held, held_for, decision): a backup's look at s(62), the slot s(60)
+    ("hold-far", FleetState(busy_until=s(80)), False, 0, LookAgain(1.0)),
+    ("hold-ending", FleetState(busy_until=s(62.5)), False, 0, LookAgain(0.75)),
+    ("hold-ended", FleetState(busy_until=s(61)), False, 0, Attempt(missed=("o1",))),
+    ("hold-and-lock", FleetState(busy_until=s(80)), True, 7.0, Attempt()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state,held,held_for,expected", [case[1:] for case in HOLDS], ids=[case[0] for case in HOLDS]
+)
+def test_look_at_a_batched_run_s_hold(
+    state: FleetState, held: bool, held_for: float, expected: Look
+) -> None:
+    decision = look(
+        job(), state, s(60), 1, held=held, held_for=held_for, ahead=("o1",), observer=False,
+        second=False, now=s(62),
+    )  # fmt: skip
+    assert decision == expected
+
+
 ADMISSIONS = [
     # (id, state, slot, attempt, manual, decision); the tick started at s(70)
     ("on-time", FleetState(last_slot=s(0), last_end=s(1)), s(61), 1, False, Run(s(61))),
@@ -352,6 +384,13 @@ ADMISSIONS = [
      Skip("another replica served the trigger request")),
     ("trigger-after-a-later-slot", FleetState(trigger_at=s(65), last_slot=s(66)), s(65), 1,
      True, Run(s(70))),
+    ("held-between-batches", FleetState(last_slot=s(0), last_end=s(1), busy_until=s(75)),
+     s(61), 1, False, Busy(s(75))),
+    ("run-now-held-between-batches", FleetState(busy_until=s(75)), None, 1, True, Busy(s(75))),
+    ("retry-held-between-batches", replace(failed(61, 62, 1, last_slot=0), busy_until=s(71)),
+     s(61), 2, False, Busy(s(71))),
+    ("hold-ended", FleetState(last_slot=s(0), last_end=s(1), busy_until=s(69)), s(61), 1, False,
+     Run(s(61))),
 ]  # fmt: skip
 
 
