@@ -61,8 +61,7 @@ async def test_a_paused_holder_s_sweep_is_finished_elsewhere_from_its_cursor_exa
     b_first = min(r["at"] for r in rows if r["owner"] == "B")
     assert b_first >= hold, (b_first, hold)
     runs = await pg_conn.fetch(
-        f"SELECT owner, outcome, batches, capped FROM {s}.runs WHERE job_id = 'sweep' "
-        "ORDER BY id"
+        f"SELECT owner, outcome, batches, capped FROM {s}.runs WHERE job_id = 'sweep' ORDER BY id"
     )
     a_first = next(r for r in runs if r["owner"] == "A")
     assert a_first["outcome"] in ("timeout", "error") and a_first["batches"] == 1, runs

@@ -28,6 +28,13 @@ def test_the_testing_page_failover_example_passes() -> None:
     anyio.run(namespace["test_the_other_replica_stands_in_for_a_frozen_one"])
 
 
+def test_the_testing_page_batched_example_passes() -> None:
+    [block] = [b for b in python_blocks("testing.md") if "ctx.batches()" in b]
+    namespace: dict[str, Any] = {"__name__": "docs_testing_batches"}
+    exec(block, namespace)
+    anyio.run(namespace["test_the_sweep_is_capped_and_the_next_run_goes_on_from_the_cursor"])
+
+
 def test_the_getting_started_jobs_module_declares_cleanly() -> None:
     namespace: dict[str, Any] = {"__name__": "docs_index_example"}
     exec(python_blocks("index.md")[0], namespace)

@@ -163,7 +163,7 @@ class Scheduler:
         """Declare ``func`` as a job and return it; while running it is scheduled at once.
 
         The keywords are :class:`~ticklock.JobOptions`: ``id``, ``timeout``, ``enabled``,
-        ``catch_up``, ``overdue_grace``, ``retries``, ``retry_backoff``. Raises
+        ``catch_up``, ``overdue_grace``, ``retries``, ``retry_backoff``, ``max_batches``. Raises
         :class:`ScheduleError` for anything that could not run, naming the job and the field:
         a duplicate id, a non-async handler, ``timeout >= interval``, an unknown keyword...
         """
