@@ -364,6 +364,26 @@ def test_a_job_page_shows_its_record_history_and_a_chart_of_durations() -> None:
     assert huge.status == 200 and bad.status == 400 and "limit must be a whole number" in bad.body
 
 
+def test_batched_runs_show_their_batches_and_a_capped_one_says_so() -> None:
+    capped = job("sweep", last_batches=100, last_capped=True)
+    runs = [
+        run("sweep", 30, 12.5, batches=100, capped=True),
+        run("sweep", 15, 3.0, batches=7),
+    ]
+    fleet = MemoryFleet([capped, job("purge-expired")], runs, [])
+    with serve(create_app(fleet)) as base:
+        index = call(base + "/")
+        page = call(base + "/jobs/sweep")
+        plain = call(base + "/jobs/purge-expired")
+        api = call(base + "/api/jobs/sweep/runs")
+    assert index.body.count(">capped</span>") == 1  # only the job whose last run was capped
+    rows = page.body.split("<tbody>")[1]
+    cells = re.findall(r'<td class="num">(\d+)( <span class="warn">capped</span>)?</td>', rows)
+    assert cells == [("7", ""), ("100", ' <span class="warn">capped</span>')]  # newest first
+    assert "capped" not in plain.body.split("<tbody>")[1]
+    assert [(r["batches"], r["capped"]) for r in api.json()["runs"]] == [(7, False), (100, True)]
+
+
 def test_job_ids_with_slashes_spaces_and_unicode_round_trip_through_links() -> None:
     odd = "reports/daily run é?&#"
     fleet = MemoryFleet([job(odd)], [run(odd, 5, 1.0)])
@@ -444,6 +464,8 @@ def test_the_json_api_gives_the_same_data_with_iso_datetimes_and_state_strings()
         "declared_otherwise",
         "paused_at",
         "trigger_at",
+        "last_batches",
+        "last_capped",
     }
     assert runs["job_id"] == "purge-expired" and len(runs["runs"]) == 2 and fleet.limits == [2]
     newest = runs["runs"][0]

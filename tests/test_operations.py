@@ -432,6 +432,8 @@ async def test_history_shows_the_last_runs_newest_first_with_outcome_error_and_m
             "outcome": r["outcome"],
             "owner": "A",
             "manual": r["manual"],
+            "batches": r["batches"],
+            "capped": r["capped"],
             "report": None if r["report"] is None else json.loads(r["report"]),
             "error": r["error"],
         }
