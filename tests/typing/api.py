@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from ticklock import JobContext, JobHealth, RunResult, Scheduler, cron, every, lock_key
+from ticklock import Batch, JobContext, JobHealth, RunResult, Scheduler, cron, every, lock_key
 from ticklock.testing import ManualClock, run_job
 
 scheduler = Scheduler(
@@ -41,6 +41,25 @@ async def nightly(ctx: JobContext) -> None:
     since: datetime | None = ctx.previous_success
     key: str = ctx.idempotency_key
     del since, key
+
+
+@scheduler.job(every(minutes=15), id="sweep", timeout=600, max_batches=100)
+async def sweep(ctx: JobContext) -> dict[str, int]:
+    deleted = 0
+    async for batch in ctx.batches():
+        number: int = batch.number
+        conn: asyncpg.Connection[Any] = batch.db
+        after: Any = batch.cursor
+        n: int = await conn.fetchval("SELECT $1::int", number)
+        deleted += n
+        batch.cursor = {"after": after}
+        if n < 1000:
+            break
+    return {"deleted": deleted}
+
+
+def batches_of(result: RunResult, batch: Batch) -> tuple[int, bool, int]:
+    return result.batches, result.capped, batch.number
 
 
 async def test_purge(conn: asyncpg.Connection[Any]) -> None:
