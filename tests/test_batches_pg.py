@@ -219,3 +219,25 @@ async def test_batches_through_a_transaction_mode_pgbouncer(
     assert (first.outcome, first.batches, first.capped) == (Outcome.SUCCESS, 3, True)
     assert (second.outcome, second.batches, second.capped) == (Outcome.SUCCESS, 3, False)
     assert [r[0] for r in await done(pg_conn, data)] == list(range(1, ITEMS + 1))
+
+
+async def test_a_schema_of_version_5_is_upgraded_in_place_and_runs_batches(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    from ticklock._postgres.sql import migrate
+
+    s = pg_schema
+    assert await migrate(pg_conn, s) == "created"
+    await pg_conn.execute(
+        f"ALTER TABLE {s}.jobs DROP COLUMN batch_cursor, DROP COLUMN fence, "
+        f"DROP COLUMN busy_until; ALTER TABLE {s}.runs DROP COLUMN batches, DROP COLUMN capped; "
+        f"UPDATE {s}.schema_version SET version = 5"
+    )
+    assert await migrate(pg_conn, s) == "upgraded"
+    assert await pg_conn.fetchval(f"SELECT version FROM {s}.schema_version") == 6
+    data = await items(pg_conn, s + "_data")
+    scheduler = Scheduler(pg_dsn, schema=s, owner="a")
+    add_sweep(scheduler, data, max_batches=2)
+    async with scheduler:
+        result = await scheduler.run_now("sweep")
+    assert (result.outcome, result.batches, result.capped) == (Outcome.SUCCESS, 2, True)
