@@ -33,6 +33,7 @@ from ._plan import (
     Serve,
     TakeBack,
     after_run,
+    busy,
     look,
     plan,
     standing,
@@ -181,7 +182,8 @@ class Cycle(Timer):
         if entry.own_failures:
             self._stand()
         now, now_m = crew.clock.now(), crew.clock.monotonic()
-        if held:
+        running = held or busy(state, now)  # holding the lock, or the job between batches
+        if running:
             entry.held_at = entry.held_at or now  # presume the run succeeds (health)
         held_for = 0.0 if entry.held_at is None else (now - entry.held_at).total_seconds()
         decision = look(
@@ -196,7 +198,7 @@ class Cycle(Timer):
             second=entry.stage == 1,
             now=now,
         )
-        if not held:
+        if not running:
             entry.held_at = None
         match decision:
             case Replan():
@@ -271,7 +273,8 @@ class Cycle(Timer):
         entry = self.entry
         if state is not None:
             entry.state = state
-            entry.held_at = None
+            # locked with a state read: a batched run holds the job between its batches
+            entry.held_at = result.finished_at if result.outcome is Outcome.LOCKED else None
             self.crew.share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
             entry.held_at = result.finished_at
