@@ -112,6 +112,7 @@ class Batches:
     __slots__ = (
         "_committer",
         "_conn",
+        "_broken",
         "_cursor",
         "_job_id",
         "_max",
@@ -138,6 +139,7 @@ class Batches:
         self.committed = 0
         self.capped = False
         self.current: Batch | None = None
+        self._broken: BaseException | None = None  # the commit or begin that failed
 
     def enter(self) -> Batches:
         """``ctx.batches()``: once per run."""
@@ -154,22 +156,37 @@ class Batches:
         return self
 
     async def __anext__(self) -> Batch:
+        if self._broken is not None:
+            raise RuntimeError(
+                f"job {self._job_id!r}: the run's batches ended with an error "
+                f"({type(self._broken).__name__}: {self._broken}); no batch can follow"
+            ) from self._broken
         current = self.current
         if current is not None:
             if self.capped or (self._max is not None and current.number >= self._max):
                 self.capped = True  # the batch in flight commits with the run's end
                 raise StopAsyncIteration
             text = cursor_text(self._job_id, current.cursor)  # in place changes too
-            if self._committer is not None:
-                await self._committer.commit_batch(text)
-            self.committed += 1
-            self._cursor = text
-            if self._committer is not None:
-                await self._committer.begin_batch()
+            try:
+                if self._committer is not None:
+                    await self._committer.commit_batch(text)
+                self.committed += 1
+                self._cursor = text
+                if self._committer is not None:
+                    await self._committer.begin_batch()
+            except BaseException as exc:
+                self._broken, self.current = exc, None  # no batch in flight any more
+                raise
         number = 1 if current is None else current.number + 1
         cursor = None if self._cursor is None else json.loads(self._cursor)
         self.current = Batch(self._job_id, number, self._conn, cursor)
         return self.current
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error with which committing a batch or beginning the next failed, if one did
+        (a run whose handler swallowed it fails with it all the same)."""
+        return self._broken
 
     def last_cursor(self) -> str | None:
         """The JSON text of the cursor the batch in flight commits with the run's end."""

@@ -238,7 +238,11 @@ class Runner:
             )
             return
         run.finished_at = self.clock.now()
-        if batches.current is not None:
+        broken = batches.broken
+        if isinstance(broken, Exception):  # the handler swallowed it: the run fails with it
+            run.fail(self.coordinator.classify(broken) or Outcome.FAILURE, broken, describe(broken))
+            return
+        if batches.entered:
             try:
                 run.cursor = batches.last_cursor()
             except ValueError as exc:
