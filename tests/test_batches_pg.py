@@ -78,7 +78,9 @@ async def test_each_batch_commits_alone_and_a_failing_one_rolls_back_alone(
     assert json.loads(job["batch_cursor"]) == 4
     assert job["busy_until"] is None  # the failure record ended the hold: a retry need not wait
     assert job["last_slot"] is None
-    run = await pg_conn.fetchrow(f"SELECT outcome, batches, capped FROM {pg_schema}.runs")
+    run = await pg_conn.fetchrow(
+        f"SELECT outcome, batches, capped FROM {pg_schema}.runs WHERE job_id = 'sweep'"
+    )
     assert tuple(run) == ("failure", 2, False)
 
 
