@@ -321,7 +321,11 @@ def admit(
 
     A manual run (``slot``: the trigger request it serves, ``None`` for ``run_now``) runs
     whatever the schedule says, unless another replica served the request; a scheduled one
-    runs unless the job is paused, or the fleet moved past its slot."""
+    runs unless the job is paused, or the fleet moved past its slot. Neither runs while a
+    batched run holds the job between its batches (:func:`busy`)."""
+    if busy(state, started):
+        assert state.busy_until is not None
+        return Busy(state.busy_until)
     if manual:
         if slot is not None and state.trigger_at is None:
             return Skip("another replica served the trigger request")
