@@ -276,10 +276,10 @@ class MemoryCoordinator:
                 live.poked = anyio.Event()
                 live.seen_at = self._clock.now()
                 apply(db.controls())
-                view, seen = db.view()
-                if view.keys() == {owner}:  # alone: no work to share, no ranking to keep
-                    view, seen = {}, {}
-                members(view, seen)
+                if db._live.keys() == {owner}:  # alone: no work to share, no ranking to keep
+                    members({}, {})
+                else:
+                    members(*db.view())
                 await live.poked.wait()
         finally:
             if db._live.get(owner) is live:
