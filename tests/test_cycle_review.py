@@ -161,17 +161,17 @@ async def test_a_run_now_that_ends_while_the_scheduler_drains_starts_no_new_tick
         await scheduler.run_now("quick")
 
     async def during_the_drain() -> None:
-        while any(h.next_fire is not None for h in scheduler.health()):
-            await anyio.sleep(0.01)  # the scheduler stops: nothing is planned any more
+        # the scheduler stops: nothing is planned any more (no event says so)
+        while any(h.next_fire is not None for h in scheduler.health()):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
         now_release.set()  # run_now() returns while the runs drain ...
         await clock.advance(11)  # ... and its job's next slot comes
         slow_release.set()
 
-    async with anyio.create_task_group() as tg:
-        async with scheduler:
-            await clock.advance(0)  # slow runs, and waits
-            tg.start_soon(run_now)
-            await clock.settle()
-            assert ticks == ["manual"]
-            tg.start_soon(during_the_drain)
+    async with anyio.create_task_group() as tg, scheduler:  # the scheduler stops first
+        await clock.advance(0)  # slow runs, and waits
+        tg.start_soon(run_now)
+        await clock.settle()
+        assert ticks == ["manual"]
+        tg.start_soon(during_the_drain)
     assert ticks == ["manual"]
