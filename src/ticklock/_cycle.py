@@ -262,7 +262,9 @@ class Cycle(Timer):
         result, state = await runner.execute(self.job, None, manual=True)
         self._observe(result, state)
         entry = self.entry
-        if state is not None and self.job.enabled and not entry.running and not entry.removed:
+        # not once the scheduler stops: its drain must start no new tick (G7)
+        live = not entry.removed and self.crew.running
+        if state is not None and self.job.enabled and not entry.running and live:
             self.wait(plan(self.job, state, self.crew.clock.now()))
         return result
 
