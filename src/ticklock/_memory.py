@@ -238,7 +238,11 @@ class MemoryCoordinator:
         """Nothing to prepare in memory."""
 
     async def connect(self) -> None:
-        """Memory is always ready."""
+        """Wait until the database answers: at once, but never for a killed replica (the
+        scheduler's reconnect loop would spin without ever yielding)."""
+        if self.owner in self.db._killed:
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
 
     async def close(self) -> None:
         """Nothing to release in memory."""
@@ -275,6 +279,10 @@ class MemoryCoordinator:
         """Join the live replicas; at start and after every change, hand this replica the
         paused and triggered jobs and the view; leave when cancelled."""
         db = self.db
+        try:
+            await db._gate(owner)
+        except ReplicaLost:  # killed before it started: a dead replica never joins the view
+            await anyio.sleep_forever()
         now = self._clock.now()
         live = _Live(declared, now, now, anyio.Event())
         db._live[owner] = live
