@@ -61,6 +61,32 @@ async def test_a_backward_wall_step_during_a_cron_run_never_commits_its_slot_twi
     assert db.states["minutely"].last_slot >= slot  # the watermark did not go back
 
 
+async def test_a_backward_wall_step_during_a_cron_run_does_not_run_its_slot_again() -> None:
+    # The same step: the next fire after the run's end is the slot it just committed. G2: a
+    # replica that wakes for a slot already committed skips it; better, it never plans it
+    # (a cron slot at or before the watermark is never owed again). Before, the handler ran
+    # the slot a second time (its side effects outside the database twice; its commit refused
+    # on PostgreSQL).
+    clock = SteppingClock(datetime(2026, 1, 1, 12, 0, 59, tzinfo=UTC))
+    scheduler = Scheduler(database=MemoryDatabase(), clock=clock, owner="a")
+    slots: list[datetime] = []
+
+    @scheduler.job(cron("* * * * *"), id="minutely", timeout=30)
+    async def minutely(ctx: JobContext) -> None:
+        slots.append(ctx.slot)
+        await clock.sleep_until(clock.monotonic() + 2)
+
+    async with scheduler:
+        await clock.advance(1.5)
+        clock.offset = -60.0
+        await clock.advance(125)  # wall 12:02:06.5
+    minute = timedelta(minutes=1)
+    assert slots == [
+        datetime(2026, 1, 1, 12, 1, tzinfo=UTC),
+        datetime(2026, 1, 1, 12, 1, tzinfo=UTC) + minute,
+    ]
+
+
 async def test_run_now_after_a_backward_wall_step_does_not_move_the_watermark_back() -> None:
     clock = SteppingClock(datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC))
     db = MemoryDatabase()
