@@ -108,9 +108,9 @@ async def test_run_now_after_a_backward_wall_step_does_not_move_the_watermark_ba
 
 async def test_a_cron_retry_waits_its_backoff_on_the_monotonic_clock_across_a_wall_step() -> None:
     # Before the refactor a cron retry's deadline was re-derived from its slot's wall instant
-    # on every wall-clock step: a step back delayed the retry by the step (here 44 s instead
-    # of 5), a step forward fired it at once. Only an on-time cron plan carries a wall instant
-    # now; this pins that (and the attempt numbers).
+    # on every wall-clock step: a step back held the retry until the wall clock reached its
+    # slot again (here 45 s late), a step forward fired it at once, without its backoff. Only
+    # an on-time cron plan carries a wall instant now; this pins that (and attempt numbers).
     clock = SteppingClock(datetime(2026, 1, 1, 12, 0, 59, tzinfo=UTC))
     scheduler = Scheduler(clock=clock)
     attempts: list[tuple[int, float, datetime]] = []
