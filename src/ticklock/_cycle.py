@@ -254,7 +254,9 @@ class Cycle(Entry):
         assert runner is not None
         result, state = await runner.execute(self.job, None, manual=True)
         self._observe(result, state)
-        if state is not None and self.job.enabled and not self.running and not self.removed:
+        # not once the scheduler stops: its drain must start no new tick (G7)
+        live = not self.removed and self.crew.running
+        if state is not None and self.job.enabled and not self.running and live:
             self.wait(plan(self.job, state, self.crew.clock.now()))
         return result
 
