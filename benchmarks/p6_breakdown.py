@@ -9,7 +9,6 @@ with it, so runs of a few ticks can read below zero), wall time, and event-loop 
 selector that counts ``select()`` calls):
 
 - ``floor``: raw asyncpg, BEGIN; the lock + watermark statement; one insert; COMMIT;
-- ``statements``: ticklock's own four statements, replayed on a raw connection;
 - ``coordinator``: the coordinator's attempt, commit and close (its pool, its scopes);
 - ``tick``: a whole tick, ``run_now`` of an empty job.
 
@@ -65,21 +64,10 @@ async def measure(dsn: str, ticks: int, rounds: int) -> None:
         coordinator: Any = runner.coordinator
         job = scheduler.jobs["empty"]
         direct = await asyncpg.connect(dsn)
-        raw = await asyncpg.connect(dsn)
-
-        async def statements() -> None:
-            await raw.execute(coordinator._begin("replayed", job.timeout))
-            state = await raw.fetchrow(coordinator.sql.state, coordinator.namespace, "replayed")
-            now = datetime.now(timezone.utc)
-            await raw.fetchrow(
-                coordinator.sql.commit, coordinator.namespace, "replayed", now, now, now,
-                "bench", None, None, state[0], int((job.timeout + 1) * 1000),
-            )  # fmt: skip
-            await raw.execute("COMMIT")
 
         async def coordinated() -> None:
-            attempt = await coordinator.attempt("coordinated", job.timeout)
             now = datetime.now(timezone.utc)
+            attempt = await coordinator.attempt("coordinated", job.timeout, now)
             result = RunResult(
                 job_id="coordinated", outcome=Outcome.SUCCESS, slot=now, started_at=now,
                 finished_at=now, owner="bench", report=None, error=None,
@@ -92,7 +80,6 @@ async def measure(dsn: str, ticks: int, rounds: int) -> None:
 
         variants: dict[str, Callable[[], Awaitable[None]]] = {
             "floor": lambda: floor(direct, schema=schema),
-            "statements": statements,
             "coordinator": coordinated,
             "tick": tick,
         }
@@ -115,7 +102,6 @@ async def measure(dsn: str, ticks: int, rounds: int) -> None:
                     )
                 )
         await direct.close()
-        await raw.close()
     print("| | client CPU µs | server CPU µs | wall µs | loop passes |")
     print("|---|---|---|---|---|")
     for name, rows in seen.items():

@@ -50,6 +50,7 @@ async def test_a_sweep_commits_its_cursor_per_batch_stops_at_the_cap_and_resumes
         assert first.report == {"done": 6}
         assert seen == [(1, 0), (1, 1), (2, 2), (2, 3), (3, 4), (3, 5)]
         seen.clear()
+        await clock.advance(1)  # a manual run's slot is its "now": a later one
         second = await scheduler.run_now("sweep")  # from the cursor the first run left
         assert (second.outcome, second.batches, second.capped) == (Outcome.SUCCESS, 3, False)
         assert seen == [(1, 6), (1, 7), (2, 8), (2, 9)]  # batch 3 found none and broke

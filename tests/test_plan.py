@@ -187,6 +187,30 @@ CASES = [
         None,
         OnTime(s(63)),
     ),
+    (  # the wall clock stepped back 60 s during the 00:05 run: it ended at 00:04:02
+        "cron-a-run-that-ended-before-its-slot-counts-from-its-slot",
+        job(cron("*/5 * * * *")),
+        FleetState(last_slot=s(300), last_end=s(242)),
+        s(242),
+        ended(Outcome.SUCCESS, 300, 242),
+        OnTime(s(600)),
+    ),
+    (
+        "cron-at-start-never-owes-a-fire-at-or-before-the-watermark",
+        job(cron("*/5 * * * *")),
+        FleetState(last_slot=s(300), last_end=s(242)),
+        s(250),
+        None,
+        OnTime(s(600)),
+    ),
+    (  # every: the slot is the end plus the interval, whatever the wall clock did
+        "every-a-run-that-ended-before-its-slot-counts-from-its-end",
+        job(),
+        FleetState(last_slot=s(300), last_end=s(242)),
+        s(242),
+        ended(Outcome.SUCCESS, 300, 242),
+        OnTime(s(302)),
+    ),
 ]
 
 
@@ -403,6 +427,17 @@ def test_admit(
     state: FleetState, slot: datetime | None, attempt: int, manual: bool, expected: Admission
 ) -> None:
     assert admit(job(), state, slot, attempt, manual=manual, started=s(70)) == expected
+
+
+def test_a_cron_slot_at_or_before_the_watermark_is_stale_whatever_the_last_end_says() -> None:
+    # committed 00:01, and the wall clock stepped back during that run: it ended at 00:00:02,
+    # and the next fire after that end is 00:01 again
+    state = FleetState(last_slot=s(60), last_end=s(2))
+    minutely = job(cron("* * * * *"))
+    assert admit(minutely, state, s(60), 1, manual=False, started=s(60)) == Skip(
+        "the fleet has moved past the slot"
+    )
+    assert admit(minutely, state, s(120), 1, manual=False, started=s(120)) == Run(s(120))
 
 
 def manual(outcome: Outcome, slot: float, end: float) -> RunResult:

@@ -391,3 +391,21 @@ def test_a_missing_postgres_extra_is_named_at_construction(
     with pytest.raises(ScheduleError, match=message):
         Scheduler().use_dsn("postgresql://db/app")
     assert not Scheduler().postgres  # local mode needs no extra
+
+
+def test_an_unknown_job_keyword_is_named_with_the_closest_known_one() -> None:
+    scheduler = Scheduler()
+
+    async def purge(ctx: JobContext) -> None:
+        pass
+
+    with pytest.raises(ScheduleError) as raised:
+        scheduler.add(purge, every(60), id="purge", timout=5)  # type: ignore[call-arg]
+    assert raised.value.field == "timout"
+    assert raised.value.job_id == "purge"
+    assert str(raised.value).startswith(
+        "job 'purge': unknown keyword timout=; did you mean timeout=? (a job takes id, timeout,"
+    )
+    with pytest.raises(ScheduleError, match="unknown keyword nonsense=[ ]"):
+        scheduler.job(every(60), nonsense=1)(purge)  # type: ignore[call-arg]
+    assert scheduler.jobs == {}  # nothing half-declared

@@ -13,6 +13,7 @@ from ._clock import Clock
 from ._coordination import Coordinator, FleetState
 from ._dispatcher import Dispatcher
 from ._entry import Entry
+from ._job import Job
 from ._runner import Runner
 from ._runs import Runs
 from ._sharing import Share
@@ -25,7 +26,8 @@ READ_LIMIT = 5.0
 class Looker(Protocol):
     """A job's cycle, as a look sees it."""
 
-    entry: Entry
+    job: Job
+    running: bool
 
     def looked(self, state: FleetState | None, *, held: bool) -> None:
         """The look read ``state`` (``None``: the read failed) and whether the lock is held."""
@@ -62,14 +64,14 @@ class Crew:
         held: frozenset[str] = frozenset()
         try:
             with anyio.fail_after(READ_LIMIT):
-                states, held = await self.coordinator.read([c.entry.job.id for c in looks])
+                states, held = await self.coordinator.read([c.job.id for c in looks])
         except Exception as exc:  # the attempts meet the same error, and report it
             logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)
         finally:  # cancelled (shutdown) too: never leave a job marked as running
             for cycle in looks:
-                cycle.entry.running = False
+                cycle.running = False
         for cycle in looks:
-            job_id = cycle.entry.job.id
+            job_id = cycle.job.id
             if states is None:
                 cycle.looked(None, held=False)
             else:

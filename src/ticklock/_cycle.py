@@ -1,6 +1,6 @@
 """One job's cycle on this replica: wait -> due -> look or tick -> after -> wait.
 
-A :class:`Cycle` owns its job's :class:`~ticklock._entry.Entry` and is its only writer. It
+A :class:`Cycle` is its job's :class:`~ticklock._entry.Entry` and the record's only writer. It
 asks the planner (:mod:`._plan`) what to do at every step and carries out the tagged value
 it returns: it sets its :class:`~ticklock._dispatcher.Timer` from the plan, starts attempts
 through the :class:`~ticklock._runner.Runner`, and reads its role from the
@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 
 from ._coordination import NO_STATE, FleetState
 from ._crew import Crew
-from ._dispatcher import Timer
 from ._entry import Entry
 from ._health import health
 from ._job import Job, JobHealth, Outcome, RunResult
@@ -43,32 +42,30 @@ from ._sharing import GRACE
 from ._telemetry import logger
 
 
-class Cycle(Timer):
-    """The cycle of one job on this replica (see the module docstring); it is its own timer."""
+class Cycle(Entry):
+    """The cycle of one job on this replica (see the module docstring): its record, and its
+    timer, are the entry it is."""
 
-    __slots__ = ("crew", "entry", "job")
+    __slots__ = ("crew",)
 
     def __init__(self, job: Job, crew: Crew) -> None:
-        super().__init__()
-        self.job = job
+        super().__init__(job)
         self.crew = crew
-        self.entry = Entry(job)
 
     # -- waiting -------------------------------------------------------------------------
 
     def start(self, state: FleetState | None, now: datetime) -> None:
         """Begin the cycle at ``now`` from the fleet's ``state`` (``None``: not known yet)."""
-        entry = self.entry
-        entry.state, entry.since = state, now
-        entry.own_failures, entry.failing_since = 0, None
-        entry.given_up_at = None
+        self.state, self.since = state, now
+        self.own_failures, self.failing_since = 0, None
+        self.given_up_at = None
         if self.job.enabled:
             self.wait(plan(self.job, state or NO_STATE, now))
 
     def reload(self, state: FleetState | None, now: datetime) -> None:
         """The database answers again: plan from the fleet's ``state``."""
-        self.entry.state = state
-        if self.job.enabled and not self.entry.running:
+        self.state = state
+        if self.job.enabled and not self.running:
             self.wait(plan(self.job, state or NO_STATE, now))
 
     def stop(self) -> None:
@@ -77,18 +74,18 @@ class Cycle(Timer):
 
     def remove(self) -> None:
         """The job was removed: a run in flight finishes, nothing new starts."""
-        self.entry.removed = True
+        self.removed = True
         self.stop()
 
     def wait(self, plan: Plan) -> None:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
         backup, to look at it a grace after its slot's latest fire (see :mod:`._sharing`)."""
-        entry, crew = self.entry, self.crew
-        entry.stage = 0
-        entry.manual = isinstance(plan, Serve)  # a trigger request: this replica serves it
-        entry.attempt = plan.attempt if isinstance(plan, Delayed) else 1
-        entry.ahead, entry.observer = self._role(entry.attempt)
-        lag = GRACE if entry.ahead and isinstance(plan, (OnTime, Delayed, Serve)) else 0.0
+        crew = self.crew
+        self.stage = 0
+        self.manual = isinstance(plan, Serve)  # a trigger request: this replica serves it
+        self.attempt = plan.attempt if isinstance(plan, Delayed) else 1
+        self.ahead, self.observer = self._role(self.attempt)
+        lag = GRACE if self.ahead and isinstance(plan, (OnTime, Delayed, Serve)) else 0.0
         clock, jitter = crew.clock, 0.0
         # The wall clock first: the time between the two reads then makes the deadline late,
         # never early (a fixed delay must be at least the interval).
@@ -96,17 +93,17 @@ class Cycle(Timer):
         now_m = clock.monotonic()
         match plan:
             case Idle():  # paused, or the schedule is over
-                entry.slot = entry.fire_at = None
+                self.slot = self.fire_at = None
                 crew.dispatcher.forget(self)
                 return
             case Recheck(delay):  # read the fleet's state again (no slot)
-                entry.slot = entry.fire_at = None
+                self.slot = self.fire_at = None
                 base = now_m + delay
             case Delayed(slot, delay):  # a retry
-                entry.slot = entry.fire_at = slot
+                self.slot = self.fire_at = slot
                 base = now_m + delay
             case Serve(slot):  # a trigger request, at once
-                entry.slot = entry.fire_at = slot
+                self.slot = self.fire_at = slot
                 base = now_m
             case OnTime(slot):
                 jitter_max = self.job.trigger.jitter
@@ -114,49 +111,46 @@ class Cycle(Timer):
                     jitter = jitter_max
                 elif jitter_max:
                     jitter = crew.random.uniform(0.0, jitter_max)
-                entry.slot = slot
-                entry.fire_at = slot + timedelta(seconds=jitter) if jitter else slot
+                self.slot = slot
+                self.fire_at = slot + timedelta(seconds=jitter) if jitter else slot
                 assert now is not None
-                base = now_m + (entry.fire_at - now).total_seconds()  # past: due now
-        entry.jitter = jitter
-        wall = entry.fire_at if entry.is_cron and isinstance(plan, OnTime) else None
+                base = now_m + (self.fire_at - now).total_seconds()  # past: due now
+        self.jitter = jitter
+        wall = self.fire_at if self.is_cron and isinstance(plan, OnTime) else None
         crew.dispatcher.set(self, base, lag=lag, wall=wall)
 
     def _role(self, attempt: int) -> tuple[tuple[str, ...], bool]:
         """The replicas ahead of this one for the next attempt (none: it attempts), and
         whether it only observes the job. A retry passes over the replica whose attempt
         failed; a trigger request is served by whichever replica hears of it."""
-        entry = self.entry
-        if entry.manual:
+        if self.manual:
             return (), False
-        state = entry.state
+        state = self.state
         failed_by = state.last_owner if attempt > 1 and state is not None else None
         return self.crew.share.role(self.job.id, failed_by)
 
     def fire(self) -> None:
         """The deadline came: attempt, or (a backup) look with the others due now."""
-        entry = self.entry
-        if entry.running:
+        if self.running:
             return
-        entry.running = True
-        if entry.ahead:
+        self.running = True
+        if self.ahead:
             self.crew.look(self)
         else:
             self._attempt()
 
     def _attempt(self) -> None:
-        self.entry.running = True
+        self.running = True
         assert self.crew.runs is not None
         self.crew.runs.start(self._tick, None, f"ticklock.run {self.job.id}")
 
     def _live(self) -> bool:
         """Whether the cycle goes on (the job declared, the scheduler running); asks the
         watch to look again if operators steered the job while a run or look was out."""
-        entry = self.entry
-        if entry.steered:  # paused, resumed or triggered meanwhile
-            entry.steered = False
+        if self.steered:  # paused, resumed or triggered meanwhile
+            self.steered = False
             self.crew.coordinator.poke()
-        return not entry.removed and self.crew.running
+        return not self.removed and self.crew.running
 
     # -- a backup's look -----------------------------------------------------------------
 
@@ -176,37 +170,37 @@ class Cycle(Timer):
             self.wait(Recheck(self.job.trigger.period))
 
     def _looked(self, state: FleetState, held: bool) -> None:
-        entry, crew = self.entry, self.crew
-        entry.state = state
+        crew = self.crew
+        self.state = state
         crew.share.ran(state.last_owner, state.last_end)
-        if entry.own_failures:
+        if self.own_failures:
             self._stand()
         now, now_m = crew.clock.now(), crew.clock.monotonic()
         running = held or busy(state, now)  # holding the lock, or the job between batches
         if running:
-            entry.held_at = entry.held_at or now  # presume the run succeeds (health)
-        held_for = 0.0 if entry.held_at is None else (now - entry.held_at).total_seconds()
+            self.held_at = self.held_at or now  # presume the run succeeds (health)
+        held_for = 0.0 if self.held_at is None else (now - self.held_at).total_seconds()
         decision = look(
             self.job,
             state,
-            entry.slot,
-            entry.attempt,
+            self.slot,
+            self.attempt,
             held=held,
             held_for=held_for,
-            ahead=entry.ahead,
-            observer=entry.observer,
-            second=entry.stage == 1,
+            ahead=self.ahead,
+            observer=self.observer,
+            second=self.stage == 1,
             now=now,
         )
         if not running:
-            entry.held_at = None
+            self.held_at = None
         match decision:
             case Replan():
-                entry.held_at = None
+                self.held_at = None
                 self.wait(plan(self.job, state, now))
             case LookAgain(after, second, missed):
                 self._missed(missed, now)
-                entry.stage = 1 if second else entry.stage
+                self.stage = 1 if second else self.stage
                 crew.dispatcher.again(self, now_m - self.base + after)
             case Attempt(missed):
                 self._missed(missed, now)
@@ -222,7 +216,7 @@ class Cycle(Timer):
                 "%s: slot %s was still open %.2f s after its latest fire, its lock free: "
                 "%s missed it; this replica passes %s over until %s again",
                 self.job.id,
-                self.entry.slot,
+                self.slot,
                 self.crew.clock.monotonic() - self.base,
                 ", ".join(news),
                 "it" if len(news) == 1 else "them",
@@ -233,17 +227,16 @@ class Cycle(Timer):
     # -- a tick --------------------------------------------------------------------------
 
     async def _tick(self, _: None) -> None:
-        entry = self.entry
         runner = self.crew.runner
         assert runner is not None
         try:
             result, state = await runner.execute(
                 self.job,
-                entry.slot,
-                entry.fire_at,
-                entry.jitter,
-                attempt=entry.attempt,
-                manual=entry.manual,
+                self.slot,
+                self.fire_at,
+                self.jitter,
+                attempt=self.attempt,
+                manual=self.manual,
             )
         except Exception:  # a bug in ticklock itself must not stop the job
             logger.exception("internal error in a tick of %s", self.job.id)
@@ -251,12 +244,12 @@ class Cycle(Timer):
                 self.wait(Recheck(self.job.trigger.period))
             return
         finally:
-            entry.running = False
+            self.running = False
         self._observe(result, state)
         self._count(result)
         if self._live():
             now = self.crew.clock.now()
-            self.wait(after_run(self.job, entry.state or NO_STATE, now, result))
+            self.wait(after_run(self.job, self.state or NO_STATE, now, result))
 
     async def run_now(self) -> RunResult:
         """Run one tick now (slot = now), and plan from the state it read."""
@@ -264,60 +257,59 @@ class Cycle(Timer):
         assert runner is not None
         result, state = await runner.execute(self.job, None, manual=True)
         self._observe(result, state)
-        entry = self.entry
-        if state is not None and self.job.enabled and not entry.running and not entry.removed:
+        # not once the scheduler stops: its drain must start no new tick (G7)
+        live = not self.removed and self.crew.running
+        if state is not None and self.job.enabled and not self.running and live:
             self.wait(plan(self.job, state, self.crew.clock.now()))
         return result
 
     def _observe(self, result: RunResult, state: FleetState | None) -> None:
-        entry = self.entry
         if state is not None:
-            entry.state = state
+            self.state = state
             # locked with a state read: a batched run holds the job between its batches
-            entry.held_at = result.finished_at if result.outcome is Outcome.LOCKED else None
+            self.held_at = result.finished_at if result.outcome is Outcome.LOCKED else None
             self.crew.share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
-            entry.held_at = result.finished_at
+            self.held_at = result.finished_at
 
     def _count(self, result: RunResult) -> None:
         """Count this replica's failed scheduled runs of the job in a row (since when), and
         ask the planner whether to give the job up or take it back."""
         if result.manual:
             return
-        entry = self.entry
         if result.outcome is Outcome.SUCCESS:
-            entry.own_failures, entry.failing_since = 0, None
+            self.own_failures, self.failing_since = 0, None
         elif result.outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
-            if not entry.own_failures:
-                entry.failing_since = result.started_at
-            entry.own_failures += 1
+            if not self.own_failures:
+                self.failing_since = result.started_at
+            self.own_failures += 1
         self._stand(result.error)
 
     def _stand(self, error: str | None = None) -> None:
-        entry, crew = self.entry, self.crew
+        crew = self.crew
         job_id = self.job.id
         now = crew.clock.now()
         match standing(
-            entry.state,
+            self.state,
             now,
-            own_failures=entry.own_failures,
-            failing_since=entry.failing_since,
-            given_up_at=entry.given_up_at,
+            own_failures=self.own_failures,
+            failing_since=self.failing_since,
+            given_up_at=self.given_up_at,
             others_can_run=lambda: crew.share.others_can_run(job_id),
         ):
             case TakeBack():
-                entry.given_up_at = None
-                entry.own_failures, entry.failing_since = 0, None
+                self.given_up_at = None
+                self.own_failures, self.failing_since = 0, None
                 logger.info("%s: this replica runs it again", job_id, extra={"job_id": job_id})
                 crew.coordinator.poke()
             case GiveUp():
-                entry.given_up_at = now
+                self.given_up_at = now
                 logger.warning(
                     "%s: this replica's last %d runs failed%s, while it succeeds elsewhere: "
                     "this replica gives it up, ranking after every other one for it, for %g "
                     "minutes or until a run of it here succeeds",
                     job_id,
-                    entry.own_failures,
+                    self.own_failures,
                     f" (last: {error})" if error else "",
                     GIVE_UP_FOR / 60,
                     extra={"job_id": job_id},
@@ -329,49 +321,47 @@ class Cycle(Timer):
     def control(self, paused_at: datetime | None, trigger_at: datetime | None) -> None:
         """Obey the operators: stop planning a paused job, plan a resumed one again from the
         fleet's state (its ``catch_up`` rule), and serve a trigger request."""
-        entry = self.entry
         if not self.job.enabled:
             return
-        if entry.state is None and paused_at is None and trigger_at is None:
+        if self.state is None and paused_at is None and trigger_at is None:
             return
         now = self.crew.clock.now()
-        old = entry.state or NO_STATE
+        old = self.state or NO_STATE
         was, asked = old.paused_at, old.trigger_at
-        state = entry.state = replace(old, paused_at=paused_at, trigger_at=trigger_at)
+        state = self.state = replace(old, paused_at=paused_at, trigger_at=trigger_at)
         if was is not None and paused_at is None:  # resumed: the pause is not overdue
-            base, paused = entry.credit
+            base, paused = self.credit
             if base != state.last_success_at:
                 base, paused = state.last_success_at, 0.0
-            entry.credit = (base, paused + max(0.0, (now - was).total_seconds()))
-        if entry.running:
+            self.credit = (base, paused + max(0.0, (now - was).total_seconds()))
+        if self.running:
             # the run's end plans from the state it read under the lock, which may be older
             # than this: it asks the watch to look again then
-            entry.steered |= was != paused_at or asked != trigger_at
+            self.steered |= was != paused_at or asked != trigger_at
             return
-        if entry.removed:
+        if self.removed:
             return
         toggled = (was is None) != (paused_at is None)
-        steered = steer(self.job, state, now, toggled=toggled, serving=entry.manual)
+        steered = steer(self.job, state, now, toggled=toggled, serving=self.manual)
         if steered is not None:
             self.wait(steered)
 
     def view_changed(self) -> None:
         """A new view of the live replicas: wait for the same slot, as owner or as backup as
         the view now says."""
-        entry = self.entry
-        if entry.running or entry.removed or entry.manual or not self.queued:
+        if self.running or self.removed or self.manual or not self.queued:
             return
-        role = self._role(entry.attempt)
-        if role == (entry.ahead, entry.observer):
+        role = self._role(self.attempt)
+        if role == (self.ahead, self.observer):
             return
-        if entry.slot is not None and entry.attempt == 1:  # a slot, not a retry's delay
+        if self.slot is not None and self.attempt == 1:  # a slot, not a retry's delay
             # the same slot: an owner at it plus its own jitter, a backup a grace after its
             # latest fire (the owner's jitter is not this replica's)
-            self.wait(OnTime(entry.slot))
+            self.wait(OnTime(self.slot))
         else:
-            entry.ahead, entry.observer = role
-            self.crew.dispatcher.again(self, GRACE if entry.ahead and entry.slot else 0.0)
+            self.ahead, self.observer = role
+            self.crew.dispatcher.again(self, GRACE if self.ahead and self.slot else 0.0)
 
     def health(self, now: datetime, clock_now: datetime, *, problem: str | None) -> JobHealth:
         """The job's health at ``now`` as this replica sees it."""
-        return health(self.entry, now, clock_now, running=self.crew.running, problem=problem)
+        return health(self, now, clock_now, running=self.crew.running, problem=problem)

@@ -101,11 +101,14 @@ class Dispatcher:
         is past), never before the wall-clock instant ``wall``."""
         self.forget(timer)
         timer.base, timer.wall = base, wall
-        self.again(timer, lag)
+        self._queue(timer, lag)
 
     def again(self, timer: Timer, lag: float) -> None:
         """Fire ``timer`` ``lag`` seconds after its base again."""
         self.forget(timer)
+        self._queue(timer, lag)
+
+    def _queue(self, timer: Timer, lag: float) -> None:
         timer.lag = lag
         timer.deadline = _lagged(timer.base, lag, self._clock.monotonic())
         self._push(timer)

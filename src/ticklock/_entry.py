@@ -1,7 +1,7 @@
 """A job's runtime record on this replica: what it waits for, and what it last saw.
 
-Its cycle (:class:`~ticklock._cycle.Cycle`) is its only writer; health and the operators'
-view read it.
+An entry is its job's :class:`~ticklock._dispatcher.Timer` too. Its cycle
+(:class:`~ticklock._cycle.Cycle`, a subclass) is its only writer; health reads it.
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 from datetime import datetime
 
 from ._coordination import FleetState
+from ._dispatcher import Timer
 from ._job import Job, fingerprint
 from ._triggers import Cron
 
 
-class Entry:
-    """The runtime state of one declared job."""
+class Entry(Timer):
+    """The runtime state of one declared job, and its deadline."""
 
     __slots__ = (
         "ahead",
@@ -41,6 +42,7 @@ class Entry:
     )
 
     def __init__(self, job: Job) -> None:
+        super().__init__()
         self.job = job
         self.is_cron = isinstance(job.trigger, Cron)
         self.slot: datetime | None = None  # the slot it waits for (None: a recheck, or idle)

@@ -187,6 +187,9 @@ class JobOptions(TypedDict, total=False):
     no cap); a run stopped by it is ``capped``."""
 
 
+_OPTIONS = frozenset(JobOptions.__annotations__)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Job:
     """A declared job: its handler, trigger and limits, validated at declaration."""
@@ -216,7 +219,8 @@ class Job:
         def error(field: str, message: str) -> ScheduleError:
             return ScheduleError(message, job_id=job_id, field=field)
 
-        for unknown in sorted(options.keys() - JobOptions.__annotations__.keys()):
+        if not options.keys() <= _OPTIONS:
+            unknown = sorted(options.keys() - _OPTIONS)[0]
             close = difflib.get_close_matches(unknown, JobOptions.__annotations__, n=1)
             hint = f"; did you mean {close[0]}=?" if close else ""
             known = ", ".join(JobOptions.__annotations__)

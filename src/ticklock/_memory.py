@@ -22,6 +22,7 @@ import anyio
 from ._caps import cut_text, shorten_report
 from ._clock import Clock
 from ._coordination import Control, Declared, FleetState
+from ._errors import SlotAlreadyCommitted
 from ._fleet import Fleet, JobDeclared, JobRecord, JobState, Replica, RunRecord
 from ._job import Job, JobHealth, Outcome, RunResult, fingerprint
 from ._sharing import Member
@@ -185,8 +186,13 @@ class MemoryDatabase:
     def fold(self, result: RunResult) -> None:
         """Fold a run that executed into the job's state, and keep it in the history."""
         old = self.states.get(result.job_id, FleetState())
-        success = result.outcome is Outcome.SUCCESS
-        self.states[result.job_id] = old.committed(result) if success else old.failed(result)
+        if result.outcome is Outcome.SUCCESS:
+            new = old.committed(result)
+            if old.last_end is not None and old.last_end > result.finished_at:
+                new = replace(new, last_end=old.last_end)  # as PostgreSQL's greatest()
+        else:
+            new = old.failed(result)
+        self.states[result.job_id] = new
         self.recorded(result)
 
 
@@ -208,6 +214,12 @@ class _MemoryAttempt:
 
     async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
         await self._hold()
+        # as PostgreSQL's commit: a slot at or before the watermark is refused (a wall clock
+        # stepped back, a manual run's "now" before a committed slot), so that no slot commits
+        # twice and the watermark never goes back
+        last = self._db.states.get(self.job_id, FleetState()).last_slot
+        if last is not None and result.slot is not None and result.slot <= last:
+            raise SlotAlreadyCommitted(f"slot {result.slot} of {self.job_id} is already committed")
         self._db.fold(result)
         if result.batches:
             self._db.keep_cursor(self.job_id, cursor)
@@ -246,7 +258,11 @@ class MemoryCoordinator:
         """Nothing to prepare in memory."""
 
     async def connect(self) -> None:
-        """Memory is always ready."""
+        """Wait until the database answers: at once, but never for a killed replica (the
+        scheduler's reconnect loop would spin without ever yielding)."""
+        if self.owner in self.db._killed:
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
 
     async def close(self) -> None:
         """Nothing to release in memory."""
@@ -283,6 +299,10 @@ class MemoryCoordinator:
         """Join the live replicas; at start and after every change, hand this replica the
         paused and triggered jobs and the view; leave when cancelled."""
         db = self.db
+        try:
+            await db._gate(owner)
+        except ReplicaLost:  # killed before it started: a dead replica never joins the view
+            await anyio.sleep_forever()
         now = self._clock.now()
         live = _Live(declared, now, now, anyio.Event())
         db._live[owner] = live
@@ -296,10 +316,10 @@ class MemoryCoordinator:
                 live.poked = anyio.Event()
                 live.seen_at = self._clock.now()
                 apply(db.controls())
-                view, seen = db.view()
-                if view.keys() == {owner}:  # alone: no work to share, no ranking to keep
-                    view, seen = {}, {}
-                members(view, seen)
+                if db._live.keys() == {owner}:  # alone: no work to share, no ranking to keep
+                    members({}, {})
+                else:
+                    members(*db.view())
                 await live.poked.wait()
         finally:
             if db._live.get(owner) is live:
@@ -311,8 +331,8 @@ class MemoryCoordinator:
         self.db.changed()
 
     def classify(self, exc: BaseException) -> Outcome | None:
-        """``ERROR`` for a replica frozen or killed."""
-        return Outcome.ERROR if isinstance(exc, ReplicaLost) else None
+        """``ERROR`` for a replica frozen or killed, or a commit refused."""
+        return Outcome.ERROR if isinstance(exc, (ReplicaLost, SlotAlreadyCommitted)) else None
 
     def explain(self, exc: BaseException) -> str:
         """In memory, only errors of ticklock's own fail the start."""

@@ -79,7 +79,7 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
         return retry
     if result is None or result.outcome is Outcome.SKIPPED:
         return on_time(first(job, state, now))
-    return on_time(after(job.trigger, result.finished_at))
+    return on_time(after(job.trigger, since(job.trigger, result.finished_at, result.slot)))
 
 
 def after_run(job: Job, state: FleetState, now: datetime, result: RunResult) -> Plan:
@@ -136,6 +136,17 @@ def after(trigger: Trigger, end: datetime) -> datetime | None:
     return trigger.next_fire(end)
 
 
+def since(trigger: Trigger, end: datetime, slot: datetime | None) -> datetime:
+    """What the next slot counts from after a run of ``slot`` that ended at ``end``: its end;
+    for cron, not before its slot. A wall clock that stepped back during the run ended it
+    before its slot, and the next fire after that end would be the slot itself again: a cron
+    fire at or before the watermark is never owed again. (For ``every`` the slot is the end
+    plus the interval, whatever the wall clock did.)"""
+    if isinstance(trigger, Cron) and slot is not None and slot > end:
+        return slot
+    return end
+
+
 def next_due(job: Job, result: RunResult) -> datetime | None:
     """When the run after ``result`` is due, as operators see it (retries aside)."""
     return after(job.trigger, result.finished_at)
@@ -151,7 +162,7 @@ def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
         if isinstance(trigger, Every):
             return now + timedelta(seconds=trigger.initial_delay)
         return trigger.next_fire(now)
-    due = after(trigger, state.last_end)
+    due = after(trigger, since(trigger, state.last_end, state.last_slot))
     if due is None or due > now or (job.catch_up and isinstance(trigger, Every)):
         return due
     if isinstance(trigger, Every):
@@ -195,7 +206,7 @@ def stale(job: Job, state: FleetState, slot: datetime, attempt: int = 1) -> bool
         return committed or state.failed_slot != slot or state.failed_attempts != attempt - 1
     if state.last_end is None:
         return False
-    due = after(job.trigger, state.last_end)
+    due = after(job.trigger, since(job.trigger, state.last_end, state.last_slot))
     return due is None or due > slot
 
 

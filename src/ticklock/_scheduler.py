@@ -101,7 +101,7 @@ class Scheduler:
         self._busy = False  # run() is in progress (starting, running or stopping)
         self._outer: TaskGroup | None = None
         self._telemetry = Telemetry(
-            lambda: last_successes([c.entry for c in self._cycles.values()]),
+            lambda: last_successes(list(self._cycles.values())),
             tracer_provider,
             meter_provider,
         )

@@ -168,8 +168,8 @@ class Service:
         return Declared(
             tuple(c.job.id for c in cycles if c.job.enabled),
             tuple(c.job.id for c in cycles if not c.job.enabled),
-            tuple(c.entry.fingerprint for c in cycles if c.job.enabled),
-            tuple(sorted(c.job.id for c in cycles if c.entry.given_up_at is not None)),
+            tuple(c.fingerprint for c in cycles if c.job.enabled),
+            tuple(sorted(c.job.id for c in cycles if c.given_up_at is not None)),
         )
 
     def _apply(self, controls: Mapping[str, Control]) -> None:

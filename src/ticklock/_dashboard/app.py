@@ -12,64 +12,48 @@ from __future__ import annotations
 
 import hmac
 import logging
-import re
-import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import jinja2
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._caps import cut_text
 from .._errors import describe
 from .._fleet import Fleet, JobState, job_json, json_text, replica_json, run_json
 from . import hosts
 from .chart import duration_chart, seconds_label
+from .guard import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    SECURITY_HEADERS,
+    Headers,
+    Problem,
+    csrf_token,
+    foreign,
+    read_form,
+    same_origin,
+)
 
 logger = logging.getLogger("ticklock")
 
 TEMPLATES = Path(__file__).parent / "templates"
-CSRF_COOKIE = "ticklock_csrf"
-CSRF_FIELD = "csrf"
 ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}  # action: its note
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 MAX_TEXT = 500
 """Characters of a run's report (as JSON) or error that a page or a JSON answer holds; a longer
 report comes as the marker object ``{"cut_by_ticklock": true, ...}``."""
 TOOLTIP = 500  # characters of a job's last error in the jobs page's tooltip
-MAX_FORM_BYTES = 4096
 UNHEALTHY = (JobState.OVERDUE, JobState.FUTURE)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",  # pages carry a CSRF token and live state
-}
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) returns
-
 T = TypeVar("T")
-
-
-class _Problem(Exception):
-    """An answer other than 200: rendered as a short HTML page, or as JSON under ``/api``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 def create_app(
@@ -110,12 +94,12 @@ def create_app(
             return await call()
         except Exception as exc:
             if isinstance(exc, KeyError) and job_id is not None:
-                raise _Problem(404, _unknown(exc, job_id)) from None
+                raise Problem(404, _unknown(exc, job_id)) from None
             logger.warning("dashboard: the fleet did not answer: %s", describe(exc))
-            raise _Problem(503, _unavailable(exc)) from None
+            raise Problem(503, _unavailable(exc)) from None
 
     def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
-        token = _csrf_token(request) if actions else ""
+        token = csrf_token(request) if actions else ""
         html = env.get_template(template).render(
             links=_Links(request), csrf=token, now=datetime.now(timezone.utc), **context
         )
@@ -142,7 +126,7 @@ def create_app(
         limit = _limit(request)
         record = next((j for j in await ask(fleet.jobs) if j.job_id == job_id), None)
         if record is None:
-            raise _Problem(404, f"unknown job: {job_id}")
+            raise Problem(404, f"unknown job: {job_id}")
         runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
         context: dict[str, Any] = {
             "job": record,
@@ -157,19 +141,19 @@ def create_app(
         job_id: str = request.path_params["job_id"]
         action: str = request.path_params["action"]
         if action not in ACTIONS:
-            raise _Problem(404, f"no such action: {action}")
+            raise Problem(404, f"no such action: {action}")
         if not actions:
-            raise _Problem(403, "actions are disabled on this dashboard")
+            raise Problem(403, "actions are disabled on this dashboard")
         host = hosts.host_name(request.headers.get("host"))
         if not hosts.allowed(host, acting):
-            raise _Problem(403, _foreign(host, "take actions", trusted is None))
-        if not _same_origin(request):
-            raise _Problem(403, "refused: the request does not come from this dashboard's origin")
-        form = await _form(request)
+            raise Problem(403, foreign(host, "take actions", trusted is None))
+        if not same_origin(request):
+            raise Problem(403, "refused: the request does not come from this dashboard's origin")
+        form = await read_form(request)
         cookie = request.cookies.get(CSRF_COOKIE, "")
         sent = form.get(CSRF_FIELD, "")
         if not cookie or not hmac.compare_digest(cookie.encode(), sent.encode()):
-            raise _Problem(403, "refused: missing or invalid CSRF token; reload the page")
+            raise Problem(403, "refused: missing or invalid CSRF token; reload the page")
         operation = {"pause": fleet.pause, "resume": fleet.resume, "trigger": fleet.trigger}[action]
         await ask(lambda: operation(job_id), job_id)
         links = _Links(request)
@@ -215,7 +199,7 @@ def create_app(
     async def problem(request: Request, exc: Exception) -> Response:
         """The one renderer of errors: JSON for the API and /health, a short page otherwise."""
         headers: dict[str, str] = {}
-        if isinstance(exc, _Problem):
+        if isinstance(exc, Problem):
             status, message = exc.status, exc.message
         elif isinstance(exc, HTTPException):  # no such route (404), a wrong method (405)
             status, message, headers = exc.status_code, str(exc.detail), dict(exc.headers or {})
@@ -243,7 +227,7 @@ def create_app(
         async def checked(request: Request) -> Response:
             host = hosts.host_name(request.headers.get("host"))
             if trusted is not None and not hosts.allowed(host, trusted):
-                raise _Problem(403, _foreign(host, "answer", False))
+                raise Problem(403, foreign(host, "answer", False))
             return await endpoint(request)
 
         return checked
@@ -259,11 +243,11 @@ def create_app(
         Route("/jobs/{job_id:path}", guarded(job), name="job"),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        _Problem: problem,
+        Problem: problem,
         HTTPException: problem,
         Exception: problem,
     }
-    return Starlette(routes=routes, middleware=[Middleware(_Headers)], exception_handlers=handlers)
+    return Starlette(routes=routes, middleware=[Middleware(Headers)], exception_handlers=handlers)
 
 
 class _Links:
@@ -314,86 +298,6 @@ class _Links:
         return self._path("health")
 
 
-class _Headers:
-    """ASGI middleware: the security headers on every response (unless it set its own)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in SECURITY_HEADERS.items():
-                    headers.setdefault(name, value)
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-def _foreign(host: str | None, what: str, default: bool) -> str:
-    """Why a request for a ``Host`` the dashboard does not know as its own is refused."""
-    named = "no valid Host header" if host is None else f"Host {cut_text(host, len(host), 100)!r}"
-    if default:
-        return (
-            f"refused: this dashboard takes actions only for localhost ({named}); if that is "
-            "its real name, name it in allowed_hosts= (ticklock dashboard: --allowed-host)"
-        )
-    return (
-        f"refused: this dashboard does not {what} for {named}, which is not in its allowed "
-        "hosts (allowed_hosts=, or ticklock dashboard --allowed-host)"
-    )
-
-
-def _csrf_token(request: Request) -> str:
-    """The browser's token if it holds a well-formed one, else a new random one."""
-    token = request.cookies.get(CSRF_COOKIE, "")
-    return token if _TOKEN.fullmatch(token) else secrets.token_urlsafe(32)
-
-
-def _same_origin(request: Request) -> bool:
-    """Whether ``Origin`` (or ``Referer`` when there is no ``Origin``) is this request's origin,
-    its scheme and ``Host``; a request with neither is refused."""
-    source = request.headers.get("origin") or request.headers.get("referer")
-    host = request.headers.get("host")
-    if not source or not host:
-        return False
-    theirs = _origin(source)
-    return theirs is not None and theirs == _origin(f"{request.url.scheme}://{host}")
-
-
-def _origin(url: str) -> tuple[str, str, int] | None:
-    """``(scheme, host, port)`` of ``url``, the default port filled in; ``None`` if it has none
-    (``Origin: null``, a malformed URL)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    except ValueError:
-        return None
-    if not parts.hostname or port is None:
-        return None
-    return parts.scheme.lower(), parts.hostname.lower(), port
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """The urlencoded form of a POST, the first value of each field (no multipart needed)."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != (
-        "application/x-www-form-urlencoded"
-    ):
-        return {}
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise _Problem(413, "form too large")
-    fields = parse_qs(body.decode("ascii", "replace"), max_num_fields=20)
-    return {name: values[0] for name, values in fields.items()}
-
-
 def _limit(request: Request) -> int:
     """``?limit=``: how many runs, default 100, at most 1000."""
     raw = request.query_params.get("limit")
@@ -402,7 +306,7 @@ def _limit(request: Request) -> int:
     try:
         return min(max(int(raw), 1), MAX_LIMIT)
     except ValueError:
-        raise _Problem(400, "limit must be a whole number") from None
+        raise Problem(400, "limit must be a whole number") from None
 
 
 def _note(request: Request) -> str | None:
