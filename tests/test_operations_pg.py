@@ -78,3 +78,30 @@ async def test_a_request_served_elsewhere_is_not_served_twice(
         f"SELECT count(*) FROM {pg_schema}.runs WHERE job_id = 'rare' AND manual"
     )
     assert count == 1
+
+
+async def test_each_job_declared_otherwise_lists_its_own_replicas(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # two live replicas declare j1 and j2 otherwise than this one: theirs rules (most share it)
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="here", shutdown_grace=1)
+
+    async def work(ctx: JobContext) -> None:
+        pass
+
+    for job_id in ("j1", "j2", "j3"):
+        scheduler.add(work, every(3600, initial_delay=3000), id=job_id, timeout=5)
+    async with scheduler:
+        await pg_conn.execute(
+            f"INSERT INTO {pg_schema}.replicas (namespace, owner, jobs, fingerprints) "
+            "SELECT 'default', o, ARRAY['j1', 'j2'], ARRAY['other-1', 'other-2'] "
+            "FROM unnest(ARRAY['web-1', 'web-2']) AS o"
+        )
+
+        async def seen() -> bool:
+            return len(await scheduler.fleet.replicas()) == 3
+
+        await eventually(seen, 10, "this replica and the two others")
+        jobs = {job.job_id: job.declared_otherwise for job in await scheduler.fleet.jobs()}
+    assert jobs["j1"] == jobs["j2"] == ("here",)
+    assert jobs["j3"] == ()  # declared by this replica alone: its declaration rules

@@ -97,11 +97,12 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
         AS future,
     EXISTS (SELECT FROM live) AS fleet, d.enabled,
-    (SELECT owners FROM otherwise AS o WHERE o.job_id = job_id) AS otherwise,
+    o.owners AS otherwise,
     (SELECT ARRAY[r.batches, r.capped::int] FROM {s}.runs AS r
         WHERE r.namespace = $1 AND r.job_id = j.job_id
         ORDER BY r.finished_at DESC LIMIT 1) AS last_run
 FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
+    LEFT JOIN otherwise AS o USING (job_id)
 ORDER BY job_id"""
         # Reads at most $4 characters of a report and $5 of an error per run (rows recorded
         # before the caps, or a display's shorter bound): a longer report comes as its marker,
