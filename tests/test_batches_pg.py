@@ -226,7 +226,7 @@ async def test_batches_through_a_transaction_mode_pgbouncer(
 async def test_a_schema_of_version_5_is_upgraded_in_place_and_runs_batches(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
-    from ticklock._postgres.sql import migrate
+    from ticklock._postgres.schema import migrate
 
     s = pg_schema
     assert await migrate(pg_conn, s) == "created"

@@ -23,7 +23,7 @@ import pytest
 import ticklock._cli.app
 from ticklock._cli import main
 from ticklock._demo import _Printer
-from ticklock._postgres.sql import VERSION
+from ticklock._postgres.schema import VERSION
 
 BAD_PORT = (
     r"bad port: it must be a number from 1 to 65535 \(write '/', '\?' and '#' in the "

@@ -16,7 +16,7 @@ from helpers import add_lock_holder, at, eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Outcome, Scheduler, SystemClock, cron, every, lock_key
 from ticklock._postgres.retention import Retention
-from ticklock._postgres.sql import migrate
+from ticklock._postgres.schema import migrate
 from ticklock.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]

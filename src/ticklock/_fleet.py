@@ -5,7 +5,7 @@ for ``ticklock status --json`` / ``history --json`` and for the dashboard's JSON
 
 :class:`Fleet` is the seam the CLI and the dashboard use. In PostgreSQL mode
 (``ticklock._postgres.fleet.PostgresFleet``) it reads and writes the namespace's tables, so an
-operation reaches every replica; in memory (``ticklock._memory.MemoryFleet``) it is the
+operation reaches every replica; in memory (``ticklock._memory_fleet.MemoryFleet``) it is the
 process's database (local mode, or the schedulers sharing a ``MemoryDatabase``).
 """
 

@@ -207,8 +207,8 @@ def _refused(exc: BaseException) -> int:
 async def migrate(args: argparse.Namespace) -> int:
     """Create or upgrade ticklock's tables."""
     from .._postgres.connection import connect
-    from .._postgres.sql import VERSION
-    from .._postgres.sql import migrate as run_migration
+    from .._postgres.schema import VERSION
+    from .._postgres.schema import migrate as run_migration
 
     conn, _ = await connect(args.dsn)
     try:

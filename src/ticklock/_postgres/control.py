@@ -50,7 +50,7 @@ from .._coordination import Control, Declared
 from .._errors import DatabaseUnavailable
 from .._sharing import Member
 from .connection import connect
-from .sql import migrate
+from .schema import migrate
 
 if TYPE_CHECKING:
     import asyncpg

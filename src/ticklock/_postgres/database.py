@@ -36,7 +36,8 @@ from .._errors import (
 from .._job import Outcome
 from .connection import Pooler, create_pool
 from .dbtime import database_time
-from .sql import RESET, Statements, migrate
+from .schema import migrate
+from .sql import RESET, Statements
 
 if TYPE_CHECKING:
     import asyncpg

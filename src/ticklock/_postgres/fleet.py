@@ -27,7 +27,7 @@ from .._coordination import FUTURE_LIMIT
 from .._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
 from .._lock_key import lock_key
 from .control import CHANNEL, LIVE, payload
-from .sql import quote
+from .schema import quote
 
 if TYPE_CHECKING:
     import asyncpg

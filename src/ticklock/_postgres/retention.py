@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .sql import quote
+from .schema import quote
 
 if TYPE_CHECKING:
     from .._job import JobContext
