@@ -43,8 +43,9 @@ from ._telemetry import logger
 
 
 class Cycle(Entry):
-    """The cycle of one job on this replica (see the module docstring): its record, and its
-    timer, are the entry it is."""
+    """The cycle of one job on this replica (see the module docstring). It is the job's
+    :class:`~ticklock._entry.Entry`, so one object holds the record, the deadline and the
+    cycle."""
 
     __slots__ = ("crew",)
 
