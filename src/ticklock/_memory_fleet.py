@@ -3,28 +3,47 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._caps import cut_text, shorten_report
 from ._clock import Clock
-from ._coordination import FleetState
+from ._coordination import Declared, FleetState
 from ._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
 from ._job import Job, JobHealth, Outcome, RunResult
 
-if TYPE_CHECKING:
-    from ._memory import MemoryDatabase
+
+class Records(Protocol):
+    """What the view reads and writes of a :class:`~ticklock._memory.MemoryDatabase`."""
+
+    states: dict[str, FleetState]
+    history: dict[str, deque[RunResult]]
+
+    def declarations(self) -> list[Declared]:
+        """What each live replica declares."""
+        ...
+
+    def replicas(self) -> list[Replica]:
+        """The live replicas, by owner."""
+        ...
+
+    def steer(
+        self, job_id: str, *, paused_at: datetime | None, trigger_at: datetime | None
+    ) -> None:
+        """Record what operators asked of the job, and tell every replica."""
+        ...
 
 
 class MemoryFleet:
-    """What operators see and steer of a :class:`MemoryDatabase`'s jobs."""
+    """What operators see and steer of a :class:`~ticklock._memory.MemoryDatabase`'s jobs."""
 
     namespace = "default"
 
     def __init__(
         self,
-        db: MemoryDatabase,
+        db: Records,
         clock: Clock,
         jobs: Callable[[], Mapping[str, Job]],
         health: Callable[[], list[JobHealth]],
@@ -75,7 +94,7 @@ class MemoryFleet:
     async def history(
         self, job_id: str, limit: int = 100, *, max_text: int | None = None
     ) -> list[RunRecord]:
-        """The job's last ``limit`` runs (of the last :data:`MemoryDatabase.HISTORY`)."""
+        """The job's last ``limit`` runs (the database keeps the last 100 of each job)."""
         self._known(job_id)
         runs = list(self._db.history.get(job_id, ()))[::-1][:limit]
         return [_record(run, max_text) for run in runs]
