@@ -12,7 +12,10 @@ process's database (local mode, or the schedulers sharing a ``MemoryDatabase``).
 from __future__ import annotations
 
 import enum
+import getpass
 import json
+import os
+import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -31,10 +34,64 @@ class JobState(str, enum.Enum):
     """Its watermark lies in the database's future (a replica's clock ran ahead)."""
     OVERDUE = "overdue"
     """No success since its first fire after the last one, plus timeout and grace."""
+    FAILING = "failing"
+    """Its last runs failed (``failure_threshold`` in a row, default 1); it still runs."""
     OK = "ok"
 
     def __str__(self) -> str:
         return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """An operation on a job, from the audit log: who made it, when, and why."""
+
+    job_id: str
+    action: str
+    """``pause``, ``resume``, ``trigger`` or ``forget``."""
+    who: str
+    """The CLI's user and host, the dashboard's caller as the mounting app identifies it, or
+    the string a Python caller gave."""
+    at: datetime
+    note: str | None
+    changed: bool
+    """Whether it changed anything (a second pause does not)."""
+
+
+class Fate(str, enum.Enum):
+    """What happened to a slot a job's schedule owed (see :meth:`Fleet.slots`)."""
+
+    RAN = "ran"
+    """A run of the slot succeeded."""
+    FAILED = "failed"
+    """Runs of the slot executed and none succeeded; the last failed (or lost the database)."""
+    TIMED_OUT = "timed out"
+    """Runs of the slot executed and none succeeded; the last timed out."""
+    COVERED = "covered"
+    """No run of its own: a later run covered it (a catch-up run, or one an operator asked for)."""
+    SKIPPED = "skipped"
+    """Not run by design: paused, disabled, ``catch_up=False``, the run before still running,
+    or already committed."""
+    MISSED = "missed"
+    """No run, and none covered it yet: the reason says why (no live replica, the database
+    unreachable), or that no record explains it (a defect)."""
+    PENDING = "pending"
+    """Not due yet, or due so recently that its run may still be in progress."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRecord:
+    """One slot a job's schedule owed, and its fate."""
+
+    slot: datetime
+    fate: Fate
+    reason: str | None = None
+    """Why it was covered, skipped or missed (``None`` for one that ran, failed or is pending)."""
+    run: RunRecord | None = None
+    """Its run (the last attempt), or the run that covered it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +122,17 @@ class JobRecord:
     last_capped: bool = False
     """``max_batches`` stopped the last run: a backlog is left (one that never drains keeps
     every run capped)."""
+    schedule: str | None = None
+    """The trigger as declared, with its zone (``cron '17 3 * * *' Europe/Berlin``); ``None``
+    for a job whose declaration the records do not hold."""
+    timeout: float | None = None
+    retries: int | None = None
+    owner: str | None = None
+    """The live replica that runs the job's next slot (``None``: no live replica declares it)."""
+    builtin: bool = False
+    """One of ticklock's own jobs (``ticklock.retention``): not for operators to pause."""
+    last_action: Action | None = None
+    """The last operation an operator made on the job (pause, resume, trigger)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +174,42 @@ class Replica:
     run them (it runs them only when no other replica does)."""
 
 
+def state_of(
+    *,
+    undeclared: bool,
+    disabled: bool,
+    paused: bool,
+    future: bool,
+    overdue: bool,
+    failing: bool,
+) -> JobState:
+    """A job's state from what is true of it: the most urgent one that holds."""
+    for holds, state in (
+        (undeclared, JobState.UNDECLARED),
+        (disabled, JobState.DISABLED),
+        (paused, JobState.PAUSED),
+        (future, JobState.FUTURE),
+        (overdue, JobState.OVERDUE),
+        (failing, JobState.FAILING),
+    ):
+        if holds:
+            return state
+    return JobState.OK
+
+
+BUILTIN = "ticklock."
+"""The id prefix of ticklock's own jobs."""
+
+
+def caller() -> str:
+    """Who this process runs as, for the audit log: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in the environment or the password database
+        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
 def job_json(job: JobRecord) -> dict[str, Any]:
     """A job as ``ticklock status --json`` and the dashboard's ``/api/jobs`` give it."""
     return {
@@ -122,12 +226,41 @@ def job_json(job: JobRecord) -> dict[str, Any]:
         "declared_otherwise": list(job.declared_otherwise),
         "last_batches": job.last_batches,
         "last_capped": job.last_capped,
+        "schedule": job.schedule,
+        "timeout": job.timeout,
+        "retries": job.retries,
+        "owner": job.owner,
+        "builtin": job.builtin,
+        "last_action": None if job.last_action is None else action_json(job.last_action),
+    }
+
+
+def action_json(action: Action) -> dict[str, Any]:
+    """An audited operation as ``--json`` output and the dashboard give it."""
+    return {
+        "job_id": action.job_id,
+        "action": action.action,
+        "who": action.who,
+        "at": iso(action.at),
+        "note": action.note,
+        "changed": action.changed,
+    }
+
+
+def slot_json(slot: SlotRecord) -> dict[str, Any]:
+    """A slot of the ledger as ``ticklock slots --json`` gives it."""
+    return {
+        "slot": iso(slot.slot),
+        "fate": slot.fate.value,
+        "reason": slot.reason,
+        "run": None if slot.run is None else run_json(slot.run),
     }
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
-    """A run as ``ticklock history --json`` gives it (the dashboard adds its ``job_id``)."""
+    """A run as ``ticklock history --json`` and the dashboard give it."""
     return {
+        "job_id": run.job_id,
         "slot": iso(run.slot),
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),
@@ -189,19 +322,33 @@ class Fleet(Protocol):
         """The live replicas, by owner."""
         ...
 
-    async def pause(self, job_id: str) -> None:
-        """Stop starting scheduled runs of the job (a run in flight finishes)."""
+    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Stop starting scheduled runs of the job (a run in flight finishes); whether it
+        was not paused before. Audited with ``who`` and ``note``."""
         ...
 
-    async def resume(self, job_id: str) -> None:
-        """Undo :meth:`pause`; the next slot follows the job's ``catch_up`` rule."""
+    async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Undo :meth:`pause` (the next slot follows the job's ``catch_up`` rule); whether it
+        was paused. Audited."""
         ...
 
-    async def trigger(self, job_id: str) -> datetime:
-        """Ask for one run as soon as possible; returns the request's instant (its slot)."""
+    async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
+        """Ask for one run as soon as possible; returns the request's instant (its slot).
+        Audited."""
         ...
 
-    async def forget(self, job_id: str) -> None:
+    async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
         """Delete the job's state and history; raises :class:`JobDeclared` while a live
-        replica declares it."""
+        replica declares it. Audited (the audit log keeps the job's operations)."""
+        ...
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
+        ...
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = 1000
+    ) -> list[SlotRecord]:
+        """Every slot the job's schedule owed from ``since`` to ``until`` (the latest
+        ``limit`` of them), oldest first, each with its fate (see :mod:`ticklock._ledger`)."""
         ...

@@ -59,6 +59,7 @@ def judge(
         consecutive_failures=state.consecutive_failures,
         overdue=overdue,
         paused=paused,
+        failing=job.enabled and state.consecutive_failures >= job.failure_threshold,
         problem=problem if job.enabled else None,
     )
 

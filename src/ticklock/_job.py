@@ -158,6 +158,9 @@ class JobHealth:
     for a paused job; the time a job spent paused does not count."""
     paused: bool = False
     """Paused by an operator (:meth:`~ticklock.Scheduler.pause`): no scheduled run starts."""
+    failing: bool = False
+    """Its last ``failure_threshold`` runs (or more) failed: :attr:`consecutive_failures`
+    reached the job's threshold. Apart from ``overdue``, which is the absence alarm."""
     problem: str | None = None
     """Why no run can start now (PostgreSQL mode): the database is down, or refuses this
     scheduler (not accepting connections, a missing database, role or grant), with the
@@ -185,6 +188,8 @@ class JobOptions(TypedDict, total=False):
     max_batches: int | None
     """How many batches of :meth:`JobContext.batches` a run may commit (default ``None``:
     no cap); a run stopped by it is ``capped``."""
+    failure_threshold: int
+    """How many runs in a row must fail before operators see the job ``failing`` (default 1)."""
 
 
 _OPTIONS = frozenset(JobOptions.__annotations__)
@@ -204,6 +209,7 @@ class Job:
     retries: int = 0
     retry_backoff: float = 10.0
     max_batches: int | None = None
+    failure_threshold: int = 1
 
     @classmethod
     def declare(
@@ -232,6 +238,7 @@ class Job:
         retries = options.get("retries", 0)
         retry_backoff = options.get("retry_backoff", 10.0)
         max_batches = options.get("max_batches")
+        failure_threshold = options.get("failure_threshold", 1)
 
         if not isinstance(trigger, (Every, Cron)):
             raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")
@@ -284,6 +291,16 @@ class Job:
                 f"max_batches must be a whole number of batches, 1 or more, or None (no cap), "
                 f"got {max_batches!r}",
             )
+        if (
+            not isinstance(failure_threshold, int)
+            or isinstance(failure_threshold, bool)
+            or failure_threshold < 1
+        ):
+            raise error(
+                "failure_threshold",
+                f"failure_threshold must be a whole number of runs, 1 or more, "
+                f"got {failure_threshold!r}",
+            )
         return cls(
             id=job_id,
             func=func,
@@ -295,6 +312,7 @@ class Job:
             retries=retries,
             retry_backoff=backoff,
             max_batches=max_batches,
+            failure_threshold=failure_threshold,
         )
 
 

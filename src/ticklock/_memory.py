@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
+from . import _spec
 from ._clock import Clock
 from ._coordination import Control, Declared, FleetState
 from ._errors import SlotAlreadyCommitted
-from ._fleet import Fleet, Replica
+from ._fleet import Action, Fleet, Replica
 from ._job import Job, JobHealth, Outcome, RunResult, fingerprint
-from ._memory_fleet import MemoryFleet
+from ._memory_fleet import MemoryFleet, Presence
 from ._sharing import Member
 
 if TYPE_CHECKING:
@@ -56,10 +57,19 @@ class MemoryDatabase:
     """
 
     HISTORY = 100
+    RECORDS = 1000
+    """How many departed replicas and operators' actions it keeps (for the ledger)."""
 
     def __init__(self) -> None:
         self.states: dict[str, FleetState] = {}
         self.history: dict[str, deque[RunResult]] = {}
+        self.specs: dict[str, dict[str, Any]] = {}
+        """Each job's spec as the replica that loaded it last declared it (see :mod:`._spec`)."""
+        self.actions: deque[Action] = deque(maxlen=self.RECORDS)
+        self.past: deque[Presence] = deque(maxlen=self.RECORDS)
+        """The replicas that were live and left (or died)."""
+        self.since: datetime | None = None
+        """When the first replica joined: the presence records reach back to here."""
         self._held: dict[str, _MemoryAttempt] = {}  # job id -> the attempt holding its lock
         self._live: dict[str, _Live] = {}
         self._frozen: dict[str, anyio.Event] = {}  # owner -> set when it thaws
@@ -94,8 +104,7 @@ class MemoryDatabase:
         self._killed.add(owner)
         self.freeze(owner)
         self._frozen.pop(owner).set()  # its waiting calls fail now
-        self._live.pop(owner, None)
-        self.changed()
+        self.depart(owner)
 
     async def _gate(self, owner: str) -> None:
         event = self._frozen.get(owner)
@@ -117,7 +126,12 @@ class MemoryDatabase:
             tuple(fingerprint(job) for job in jobs if job.enabled),
             tuple(failing),
         )
-        self._live[owner] = _Live(lambda: declared, started_at, started_at, anyio.Event())
+        self._join(owner, _Live(lambda: declared, started_at, started_at, anyio.Event()))
+
+    def _join(self, owner: str, live: _Live) -> None:
+        if self.since is None:
+            self.since = live.started_at
+        self._live[owner] = live
         self.changed()
 
     def beat(self, owner: str, at: datetime) -> None:
@@ -127,8 +141,22 @@ class MemoryDatabase:
 
     def leave(self, owner: str) -> None:
         """Take ``owner`` out of the live replicas (its heartbeat went stale)."""
-        self._live.pop(owner, None)
+        self.depart(owner)
+
+    def depart(self, owner: str, at: datetime | None = None) -> None:
+        """``owner`` is no longer live, since ``at`` (default: its last beat): the
+        presence records keep when it was."""
+        live = self._live.pop(owner, None)
+        if live is not None:
+            self.past.append(Presence(owner, live.started_at, at or live.seen_at, live.declared()))
         self.changed()
+
+    def presence(self) -> list[Presence]:
+        """The replicas live now (``until`` ``None``) and those that were."""
+        now = [
+            Presence(o, live.started_at, None, live.declared()) for o, live in self._live.items()
+        ]
+        return [*self.past, *now]
 
     # -- the replicas --------------------------------------------------------------------
 
@@ -272,8 +300,9 @@ class MemoryCoordinator:
         """Nothing to release in memory."""
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        """A copy of the fleet's states."""
+        """Keep the jobs' specs; a copy of the fleet's states."""
         await self.db._gate(self.owner)
+        self.db.specs.update((job_id, _spec.to_json(_spec.of(job))) for job_id, job in jobs.items())
         return dict(self.db.states)
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> _MemoryAttempt:
@@ -309,8 +338,7 @@ class MemoryCoordinator:
             await anyio.sleep_forever()
         now = self._clock.now()
         live = _Live(declared, now, now, anyio.Event())
-        db._live[owner] = live
-        db.changed()
+        db._join(owner, live)
         try:
             while True:
                 try:
@@ -327,8 +355,7 @@ class MemoryCoordinator:
                 await live.poked.wait()
         finally:
             if db._live.get(owner) is live:
-                del db._live[owner]
-                db.changed()
+                db.depart(owner, self._clock.now())
 
     def poke(self) -> None:
         """Something changed here (an operation, a job given up): every replica looks again."""

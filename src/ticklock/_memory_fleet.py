@@ -6,13 +6,36 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
+from . import _spec
 from ._caps import cut_text, shorten_report
 from ._clock import Clock
 from ._coordination import Declared, FleetState
-from ._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
+from ._fleet import (
+    BUILTIN,
+    Action,
+    JobDeclared,
+    JobRecord,
+    Replica,
+    RunRecord,
+    SlotRecord,
+    state_of,
+)
 from ._job import Job, JobHealth, Outcome, RunResult
+from ._ledger import LIMIT, Span, account
+from ._ledger import Records as LedgerRecords
+from ._sharing import Member, owner_of
+
+
+class Presence(NamedTuple):
+    """A replica that was (or is) live, and what it declared."""
+
+    owner: str
+    since: datetime
+    until: datetime | None
+    """``None``: live now."""
+    declared: Declared
 
 
 class Records(Protocol):
@@ -20,6 +43,9 @@ class Records(Protocol):
 
     states: dict[str, FleetState]
     history: dict[str, deque[RunResult]]
+    specs: dict[str, dict[str, Any]]
+    actions: deque[Action]
+    since: datetime | None
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -27,6 +53,14 @@ class Records(Protocol):
 
     def replicas(self) -> list[Replica]:
         """The live replicas, by owner."""
+        ...
+
+    def view(self) -> tuple[dict[str, Member], dict[str, datetime]]:
+        """The live replicas as each sees the others."""
+        ...
+
+    def presence(self) -> list[Presence]:
+        """The replicas live now and those that were."""
         ...
 
     def steer(
@@ -62,21 +96,36 @@ class MemoryFleet:
             disabled.update(declared.disabled)
         return enabled, disabled - enabled
 
+    def _spec(self, job_id: str) -> _spec.Spec | None:
+        job = self._jobs().get(job_id)
+        return _spec.of(job) if job is not None else _spec.from_json(self._db.specs.get(job_id))
+
     async def jobs(self) -> list[JobRecord]:
         """Every job declared or with a state."""
         db = self._db
         enabled, disabled = self._declared()
         health = {h.job_id: h for h in self._health()}
+        members, _ = db.view()
+        last_action = {a.job_id: a for a in db.actions if a.action != "forget"}
         records = []
         for job_id in sorted(enabled | disabled | db.states.keys() | db.history.keys()):
             state = db.states.get(job_id) or FleetState()
             runs = db.history.get(job_id, ())
             failed = [r for r in runs if r.outcome is not Outcome.SUCCESS]
             seen = health.get(job_id)
+            spec = self._spec(job_id)
+            threshold = spec.failure_threshold if spec is not None else 1
             records.append(
                 JobRecord(
                     job_id=job_id,
-                    state=_state(job_id in enabled, job_id in disabled, state, seen),
+                    state=state_of(
+                        undeclared=job_id not in enabled and job_id not in disabled,
+                        disabled=job_id in disabled,
+                        paused=state.paused_at is not None or (seen is not None and seen.paused),
+                        future=False,
+                        overdue=seen is not None and seen.overdue,
+                        failing=state.consecutive_failures >= threshold,
+                    ),
                     last_success=state.last_success_at,
                     last_outcome=runs[-1].outcome.value if runs else None,
                     next_due=None if seen is None else seen.next_fire,
@@ -87,6 +136,12 @@ class MemoryFleet:
                     trigger_at=state.trigger_at,
                     last_batches=runs[-1].batches if runs else 0,
                     last_capped=runs[-1].capped if runs else False,
+                    schedule=None if spec is None else spec.schedule,
+                    timeout=None if spec is None else spec.timeout,
+                    retries=None if spec is None else spec.retries,
+                    owner=owner_of(members, job_id) if members else _alone(db, job_id),
+                    builtin=job_id.startswith(BUILTIN),
+                    last_action=last_action.get(job_id),
                 )
             )
         return records
@@ -103,27 +158,34 @@ class MemoryFleet:
         """The live replicas."""
         return self._db.replicas()
 
-    async def pause(self, job_id: str) -> None:
+    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
         """Pause the job for every replica of this database."""
         state = self._state(job_id)
+        changed = state.paused_at is None
         paused_at = state.paused_at or self._clock.now()
         self._db.steer(job_id, paused_at=paused_at, trigger_at=state.trigger_at)
+        self._audit(job_id, "pause", note, who, changed)
+        return changed
 
-    async def resume(self, job_id: str) -> None:
+    async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
         """Resume the job for every replica of this database."""
         state = self._state(job_id)
+        changed = state.paused_at is not None
         self._db.steer(job_id, paused_at=None, trigger_at=state.trigger_at)
+        self._audit(job_id, "resume", note, who, changed)
+        return changed
 
-    async def trigger(self, job_id: str) -> datetime:
+    async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
         """Ask for one run of the job as soon as possible."""
         if job_id not in self._declared()[0]:
             raise KeyError(f"job {job_id!r} is not declared, or declared with enabled=False")
         state = self._state(job_id)
         at = state.trigger_at or self._clock.now()
         self._db.steer(job_id, paused_at=state.paused_at, trigger_at=at)
+        self._audit(job_id, "trigger", note, who, state.trigger_at is None)
         return at
 
-    async def forget(self, job_id: str) -> None:
+    async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
         """Delete the state and history of a job no replica declares."""
         enabled, disabled = self._declared()
         if job_id in enabled or job_id in disabled:
@@ -132,6 +194,40 @@ class MemoryFleet:
         state, runs = db.states.pop(job_id, None), db.history.pop(job_id, None)
         if state is None and runs is None:
             raise KeyError(f"no job {job_id!r}")
+        db.specs.pop(job_id, None)
+        self._audit(job_id, "forget", note, who, True)
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations, newest first (the database keeps the last 1,000)."""
+        actions = [a for a in self._db.actions if job_id is None or a.job_id == job_id]
+        return actions[::-1][:limit]
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT
+    ) -> list[SlotRecord]:
+        """The ledger of the job (from the last 100 runs the database keeps of it)."""
+        self._known(job_id)
+        spec = self._spec(job_id)
+        if spec is None:
+            raise KeyError(f"job {job_id!r} was never declared here: its schedule is unknown")
+        db = self._db
+        now = self._clock.now()
+        presence = [
+            Span(p.owner, p.since, p.until, job_id in p.declared.enabled)
+            for p in db.presence()
+            if job_id in p.declared.enabled or job_id in p.declared.disabled
+        ]
+        records = LedgerRecords(
+            runs=[_record(run, None) for run in db.history.get(job_id, ())],
+            actions=[a for a in db.actions if a.job_id == job_id],
+            presence=presence,
+            paused_at=(db.states.get(job_id) or FleetState()).paused_at,
+            horizon=db.since,
+        )
+        return account(spec, records, since, until, now, limit)
+
+    def _audit(self, job_id: str, action: str, note: str | None, who: str, changed: bool) -> None:
+        self._db.actions.append(Action(job_id, action, who, self._clock.now(), note, changed))
 
     def _known(self, job_id: str) -> None:
         db = self._db
@@ -146,16 +242,12 @@ class MemoryFleet:
         return self._db.states.get(job_id) or FleetState()
 
 
-def _state(enabled: bool, disabled: bool, state: FleetState, health: JobHealth | None) -> JobState:
-    if not enabled and not disabled:
-        return JobState.UNDECLARED
-    if not enabled:
-        return JobState.DISABLED
-    if state.paused_at is not None or (health is not None and health.paused):
-        return JobState.PAUSED
-    if health is not None and health.overdue:
-        return JobState.OVERDUE
-    return JobState.OK
+def _alone(db: Records, job_id: str) -> str | None:
+    """The owner of ``job_id`` when at most one replica is live (the view is then empty)."""
+    for replica in db.replicas():
+        if job_id in replica.jobs:
+            return replica.owner
+    return None
 
 
 def _record(run: RunResult, max_text: int | None) -> RunRecord:

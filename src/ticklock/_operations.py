@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from ._coordination import Coordinator
-from ._fleet import Fleet, JobRecord, Replica, RunRecord
+from ._fleet import Action, Fleet, JobRecord, Replica, RunRecord, SlotRecord, caller
 from ._job import Job, JobHealth
+from ._ledger import LIMIT
 
 
 class SchedulerFleet:
@@ -52,22 +53,39 @@ class SchedulerFleet:
         """The live replicas."""
         return await self._fleet().replicas()
 
-    async def pause(self, job_id: str) -> None:
-        """Pause the job (fleet-wide)."""
-        await self._fleet().pause(job_id)
+    async def pause(self, job_id: str, note: str | None = None, *, who: str | None = None) -> bool:
+        """Pause the job (fleet-wide); whether it was not paused already. Audited: ``who``
+        (default: this process's ``user@host``) and ``note``."""
+        changed = await self._fleet().pause(job_id, note, who=who or caller())
         self._coordinator().poke()
+        return changed
 
-    async def resume(self, job_id: str) -> None:
-        """Resume the job (fleet-wide)."""
-        await self._fleet().resume(job_id)
+    async def resume(self, job_id: str, note: str | None = None, *, who: str | None = None) -> bool:
+        """Resume the job (fleet-wide); whether it was paused. Audited."""
+        changed = await self._fleet().resume(job_id, note, who=who or caller())
         self._coordinator().poke()
+        return changed
 
-    async def trigger(self, job_id: str) -> datetime:
-        """Ask for one run as soon as possible; returns the request's instant."""
-        at = await self._fleet().trigger(job_id)
+    async def trigger(
+        self, job_id: str, note: str | None = None, *, who: str | None = None
+    ) -> datetime:
+        """Ask for one run as soon as possible; returns the request's instant. Audited."""
+        at = await self._fleet().trigger(job_id, note, who=who or caller())
         self._coordinator().poke()
         return at
 
-    async def forget(self, job_id: str) -> None:
-        """Delete the state and history of a job that is no longer declared."""
-        await self._fleet().forget(job_id)
+    async def forget(self, job_id: str, note: str | None = None, *, who: str | None = None) -> None:
+        """Delete the state and history of a job that is no longer declared. Audited."""
+        await self._fleet().forget(job_id, note, who=who or caller())
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
+        return await self._fleet().audit(job_id, limit)
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT
+    ) -> list[SlotRecord]:
+        """Every slot the job's schedule owed from ``since`` to ``until`` (the latest
+        ``limit``), oldest first, each with its fate: ``ran``, ``failed``, ``timed out``,
+        ``covered``, ``skipped``, ``missed`` or ``pending``, and why."""
+        return await self._fleet().slots(job_id, since, until, limit=limit)

@@ -22,7 +22,6 @@ from ._crew import Crew, last_successes
 from ._cycle import Cycle
 from ._dispatcher import Dispatcher
 from ._errors import ScheduleError, SchedulerStateError
-from ._fleet import Fleet
 from ._job import Handler, Job, JobHealth, JobOptions, RunResult
 from ._memory import MemoryDatabase
 from ._operations import SchedulerFleet
@@ -275,30 +274,35 @@ class Scheduler:
         return await cycle.run_now()
 
     @property
-    def fleet(self) -> Fleet:
+    def fleet(self) -> SchedulerFleet:
         """The jobs of this scheduler's namespace as operators see and steer them: in
         PostgreSQL mode the whole fleet's (through this scheduler's pool, while it runs), in
         local mode this process's, with a shared :class:`~ticklock.testing.MemoryDatabase`
         its schedulers'. The CLI and the dashboard use the same operations."""
         return self._fleet
 
-    async def pause(self, id: str) -> None:
+    async def pause(self, id: str, note: str | None = None, *, who: str | None = None) -> bool:
         """Pause job ``id``: no scheduled run of it starts until :meth:`resume` (a run in
         flight finishes). Fleet-wide and persisted in PostgreSQL mode. Manual runs
-        (:meth:`trigger`, :meth:`run_now`) still run. Raises ``KeyError`` for an unknown id."""
-        await self._fleet.pause(id)
+        (:meth:`trigger`, :meth:`run_now`) still run. Returns whether it was not paused
+        already. The audit log keeps ``who`` (default: this process's ``user@host``), when,
+        and ``note``. Raises ``KeyError`` for an unknown id."""
+        return await self._fleet.pause(id, note, who=who)
 
-    async def resume(self, id: str) -> None:
-        """Undo :meth:`pause`; the next slot follows the job's ``catch_up`` rule."""
-        await self._fleet.resume(id)
+    async def resume(self, id: str, note: str | None = None, *, who: str | None = None) -> bool:
+        """Undo :meth:`pause` (the next slot follows the job's ``catch_up`` rule); returns
+        whether it was paused. Audited as :meth:`pause`."""
+        return await self._fleet.resume(id, note, who=who)
 
-    async def trigger(self, id: str) -> datetime:
+    async def trigger(
+        self, id: str, note: str | None = None, *, who: str | None = None
+    ) -> datetime:
         """Ask the fleet for one run of job ``id`` as soon as possible, and return once the
         request is recorded: some replica that declares the job runs it (slot = the returned
         instant), under the same lock and watermark as any tick, recorded as a manual run.
         A request that no run has served yet is not repeated. Raises ``KeyError`` for a job
-        that no live replica runs (unknown, or ``enabled=False``)."""
-        return await self._fleet.trigger(id)
+        that no live replica runs (unknown, or ``enabled=False``). Audited as :meth:`pause`."""
+        return await self._fleet.trigger(id, note, who=who)
 
     def dashboard(
         self, *, actions: bool = False, allowed_hosts: Iterable[str] | None = None

@@ -195,3 +195,12 @@ class Share:
     def disagreement(self, job_id: str) -> tuple[str, ...]:
         """The live replicas that declare ``job_id`` otherwise than the ruling declaration."""
         return tuple(sorted(self._rank(job_id)[1]))
+
+
+def owner_of(members: Mapping[str, Member], job_id: str) -> str | None:
+    """The live replica that runs ``job_id``'s next slot, as the replicas rank it (``None``:
+    none declares it)."""
+    share = Share("")
+    share.update(members, {})
+    ranking = share.ranking(job_id)
+    return ranking[0] if ranking else None

@@ -21,6 +21,7 @@ The coordinator composes the database's readiness (:mod:`.database`), the tick
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from datetime import datetime
 from random import Random
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from .. import _spec
 from .._clock import Clock
 from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState
 from .._errors import ClockAhead, SchedulerStateError
@@ -76,6 +78,7 @@ class PostgresBackend:
                 clock=clock,
                 random=self.random,
                 require_database=self.require_database,
+                owner=owner,
             )
         )
 
@@ -182,6 +185,12 @@ class PostgresCoordinator:
                 self.namespace,
                 list(jobs),
                 [overdue_at(job, now) for job in jobs.values()],
+            )
+            await conn.execute(
+                self.db.sql.describe,
+                self.namespace,
+                list(jobs),
+                [json.dumps(_spec.to_json(_spec.of(job))) for job in jobs.values()],
             )
             rows = await conn.fetch(self.db.sql.load, self.namespace)
             states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}

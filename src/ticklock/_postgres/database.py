@@ -77,6 +77,7 @@ class Database:
         clock: Clock,
         random: Random,
         require_database: bool = False,
+        owner: str = "",
     ) -> None:
         self.dsn = dsn
         """The DSN (``None``: a pool the application passed)."""
@@ -92,6 +93,9 @@ class Database:
         self.ready = False
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
+        self._down_at: datetime | None = None  # and when it began, for the outages record
+        self.owner = owner
+        """The replica this database is for (it records the outages it saw)."""
         self._cause = ""
         self._advice: str | None = None  # the fix an operator makes, if the cause needs one
         self.problem: str | None = None
@@ -147,6 +151,9 @@ class Database:
             self.transaction_timeout = major >= 17
             self.terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
             await self._check_clock(conn)
+            if self._down_at is not None:
+                await conn.execute(self.sql.outage, self.namespace, self.owner, self._down_at)
+                self._down_at = None
         self.ready = True
         self.up()
 
@@ -181,6 +188,8 @@ class Database:
                 )
         if self._down_since is None:
             self._down_since = time.monotonic()
+        if self._down_at is None:
+            self._down_at = self.clock.now()
         self._cause = cause
 
     def up(self) -> None:

@@ -1,7 +1,11 @@
 """ticklock's tables in PostgreSQL and their idempotent migration.
 
-``jobs`` holds one row of fleet state per ``(namespace, job_id)``; ``runs`` the history;
-``replicas`` one row per live scheduler (its heartbeat and the jobs it declares).
+``jobs`` holds one row of fleet state per ``(namespace, job_id)`` (and the job's spec, see
+:mod:`ticklock._spec`); ``runs`` the history; ``replicas`` one row per live scheduler (its
+heartbeat and the jobs it declares). The ledger's records: ``presence`` (when each replica was
+live, and what it declared), ``outages`` (database outages, recorded by the replicas once they
+reconnect) and ``audit`` (operators' operations); the retention sweep prunes them with the
+history.
 The schema name is validated as a plain identifier and always quoted.
 """
 
@@ -14,8 +18,8 @@ from .._lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 6
-_TABLES = ("schema_version", "jobs", "runs", "replicas")
+VERSION = 7
+_TABLES = ("schema_version", "jobs", "runs", "replicas", "presence", "outages", "audit")
 _MIGRATION_LOCK = "ticklock.migrate"
 MIGRATION_LOCK_TIMEOUT_MS = 5000
 """How long a migration's DDL may wait for a table's lock before it gives up (and is retried)."""
@@ -58,6 +62,7 @@ CREATE TABLE IF NOT EXISTS {s}.jobs (
     batch_cursor jsonb,
     fence bigint NOT NULL DEFAULT 0,
     busy_until timestamptz,
+    spec jsonb,
     PRIMARY KEY (namespace, job_id)
 );
 CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace)
@@ -93,6 +98,39 @@ CREATE TABLE IF NOT EXISTS {s}.replicas (
     failing text[] NOT NULL DEFAULT '{{}}',
     PRIMARY KEY (namespace, owner)
 );""",
+        "presence": f"""
+CREATE TABLE IF NOT EXISTS {s}.presence (
+    namespace text NOT NULL,
+    owner text NOT NULL,
+    started_at timestamptz NOT NULL,
+    since timestamptz NOT NULL,
+    until timestamptz NOT NULL,
+    jobs text[] NOT NULL,
+    disabled text[] NOT NULL,
+    PRIMARY KEY (namespace, owner, started_at, since)
+);
+CREATE INDEX IF NOT EXISTS presence_until ON {s}.presence (namespace, until);""",
+        "outages": f"""
+CREATE TABLE IF NOT EXISTS {s}.outages (
+    id bigserial PRIMARY KEY,
+    namespace text NOT NULL,
+    owner text NOT NULL,
+    since timestamptz NOT NULL,
+    until timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outages_until ON {s}.outages (namespace, until);""",
+        "audit": f"""
+CREATE TABLE IF NOT EXISTS {s}.audit (
+    id bigserial PRIMARY KEY,
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now(),
+    action text NOT NULL,
+    who text NOT NULL,
+    note text,
+    changed boolean NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_job ON {s}.audit (namespace, job_id, at);""",
         "schema_version": f"""
 CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer NOT NULL);
 INSERT INTO {s}.schema_version (version)
@@ -129,6 +167,8 @@ def upgrades(schema: str) -> dict[int, str]:
         "ADD COLUMN IF NOT EXISTS busy_until timestamptz; "
         f"ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS batches integer NOT NULL DEFAULT 0, "
         "ADD COLUMN IF NOT EXISTS capped boolean NOT NULL DEFAULT false",
+        # the ledger: the jobs' specs (its new tables come with migration())
+        6: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS spec jsonb",
     }
 
 

@@ -36,7 +36,7 @@ class Statements:
             "ON j.namespace = $1 AND j.job_id = $2"
         )
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
-        tables = ", ".join(f"'{s}.{t}'" for t in ("jobs", "runs", "replicas"))
+        tables = ", ".join(f"'{s}.{t}'" for t in ("jobs", "runs", "replicas", "presence", "outages", "audit"))
         self.ungranted = f"""
 SELECT array_agg(what ORDER BY what) FROM (
     SELECT format('table %s (%s)', replace(t, '"', ''), p) AS what
@@ -46,13 +46,31 @@ SELECT array_agg(what ORDER BY what) FROM (
     SELECT format('table %s (SELECT)', replace('{s}.schema_version', '"', ''))
     WHERE NOT has_table_privilege('{s}.schema_version', 'SELECT')
     UNION ALL
-    SELECT format('sequence %s (USAGE)', q) FROM pg_get_serial_sequence('{s}.runs', 'id') AS q
+    SELECT format('sequence %s (USAGE)', q)
+    FROM unnest(ARRAY[pg_get_serial_sequence('{s}.runs', 'id'),
+        pg_get_serial_sequence('{s}.outages', 'id'),
+        pg_get_serial_sequence('{s}.audit', 'id')]) AS q
     WHERE NOT has_sequence_privilege(q, 'USAGE')
 ) AS missing"""
         self.register = (
             f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
             "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
             "ON CONFLICT (namespace, job_id) DO NOTHING"
+        )
+        # each job's spec, for operators and the ledger; a row a tick holds now is left as
+        # it is (waiting for it would hold up the start), and written at the next start
+        self.describe = f"""
+WITH v AS (SELECT * FROM unnest($2::text[], $3::text[]) AS v(id, spec)),
+free AS (
+    SELECT j.job_id FROM {s}.jobs AS j JOIN v ON j.job_id = v.id
+    WHERE j.namespace = $1 AND j.spec IS DISTINCT FROM v.spec::jsonb
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {s}.jobs AS j SET spec = v.spec::jsonb FROM v JOIN free ON free.job_id = v.id
+WHERE j.namespace = $1 AND j.job_id = v.id"""
+        # a database outage a replica saw, recorded once it answers again
+        self.outage = (
+            f"INSERT INTO {s}.outages (namespace, owner, since, until) VALUES ($1, $2, $3, now())"
         )
         self.reschedule = (
             f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
@@ -164,7 +182,11 @@ WITH beat AS (
         failing = coalesce($7::text[], r.failing),
         declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END,
         started_at = CASE WHEN $9::boolean THEN now() ELSE r.started_at END
-    RETURNING xmax = 0 AS inserted, started_at
+    RETURNING xmax = 0 AS inserted, started_at, declared_at, jobs, disabled
+), present AS (
+    INSERT INTO {s}.presence AS p (namespace, owner, started_at, since, until, jobs, disabled)
+    SELECT $1, $2, started_at, declared_at, now(), jobs, disabled FROM beat
+    ON CONFLICT (namespace, owner, started_at, since) DO UPDATE SET until = now()
 ), pruned AS (
     DELETE FROM {s}.replicas WHERE namespace = $1 AND owner <> $2
         AND seen_at < now() - $8::float8 * interval '1 s'

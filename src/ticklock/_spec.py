@@ -1,0 +1,95 @@
+"""A job's declaration as the fleet's records keep it: what operators and the ledger need to
+know of a job without its code (its trigger, timeout, retries, ``catch_up``, thresholds).
+
+Each replica writes its jobs' specs when it loads them (PostgreSQL: ``jobs.spec``, JSON), so
+``ticklock status``, ``ticklock slots`` and a standalone dashboard can describe a job and
+compute the slots its schedule owed. A spec that this release cannot read (written by another
+one) reads as ``None``: the job is then shown without them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ScheduleError
+from ._job import Job
+from ._triggers import Cron, Every, Trigger
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What the records keep of a job's declaration."""
+
+    trigger: Trigger
+    timeout: float
+    retries: int
+    catch_up: bool
+    overdue_grace: float
+    failure_threshold: int
+    enabled: bool
+
+    @property
+    def schedule(self) -> str:
+        """The trigger as operators read it (``every 15m``, ``cron '17 3 * * *' UTC``)."""
+        return self.trigger.describe()
+
+
+def of(job: Job) -> Spec:
+    """The spec of a declared job."""
+    return Spec(
+        job.trigger,
+        job.timeout,
+        job.retries,
+        job.catch_up,
+        job.overdue_grace,
+        job.failure_threshold,
+        job.enabled,
+    )
+
+
+def to_json(spec: Spec) -> dict[str, Any]:
+    """The spec as the JSON object the records keep."""
+    trigger = spec.trigger
+    shape: dict[str, Any] = (
+        {"every": trigger.interval, "initial_delay": trigger.initial_delay}
+        if isinstance(trigger, Every)
+        else {"cron": trigger.expr, "tz": trigger.tz}
+    )
+    return {
+        **shape,
+        "jitter": trigger.jitter,
+        "timeout": spec.timeout,
+        "retries": spec.retries,
+        "catch_up": spec.catch_up,
+        "overdue_grace": spec.overdue_grace,
+        "failure_threshold": spec.failure_threshold,
+        "enabled": spec.enabled,
+    }
+
+
+def from_json(value: Any) -> Spec | None:
+    """The spec a record holds; ``None`` for none, or for one this release cannot read."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        trigger: Trigger
+        if "every" in value:
+            trigger = Every(
+                float(value["every"]), float(value["jitter"]), float(value["initial_delay"])
+            )
+        else:
+            trigger = Cron(str(value["cron"]), str(value["tz"]), float(value["jitter"]))
+        if not trigger.period > 0:  # a ledger walks the schedule: never a zero step
+            return None
+        return Spec(
+            trigger,
+            float(value["timeout"]),
+            int(value["retries"]),
+            bool(value["catch_up"]),
+            float(value["overdue_grace"]),
+            int(value.get("failure_threshold", 1)),
+            bool(value["enabled"]),
+        )
+    except (KeyError, TypeError, ValueError, ScheduleError):
+        return None
