@@ -425,6 +425,7 @@ async def test_history_shows_the_last_runs_newest_first_with_outcome_error_and_m
     assert as_json.code == 0, as_json
     expected = [
         {
+            "job_id": "flaky",
             "slot": iso(r["slot"]),
             "started_at": iso(r["started_at"]),
             "finished_at": iso(r["finished_at"]),

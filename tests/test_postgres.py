@@ -425,7 +425,15 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
         "ORDER BY table_name",
         pg_schema,
     )
-    assert [t["table_name"] for t in tables] == ["jobs", "replicas", "runs", "schema_version"]
+    assert [t["table_name"] for t in tables] == [
+        "audit",
+        "jobs",
+        "outages",
+        "presence",
+        "replicas",
+        "runs",
+        "schema_version",
+    ]
     assert await count(pg_conn, f"SELECT count(*) FROM {pg_schema}.schema_version") == 1
 
 

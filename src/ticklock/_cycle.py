@@ -37,9 +37,10 @@ from ._plan import (
     plan,
     standing,
     steer,
+    unattempted,
 )
 from ._sharing import GRACE
-from ._telemetry import logger
+from ._telemetry import Telemetry, logger
 
 
 class Cycle(Entry):
@@ -230,6 +231,7 @@ class Cycle(Entry):
     async def _tick(self, _: None) -> None:
         runner = self.crew.runner
         assert runner is not None
+        before, attempt = self.state, self.attempt
         try:
             result, state = await runner.execute(
                 self.job,
@@ -248,6 +250,7 @@ class Cycle(Entry):
             self.running = False
         self._observe(result, state)
         self._count(result)
+        self._account(result, before, attempt, runner.telemetry)
         if self._live():
             now = self.crew.clock.now()
             self.wait(after_run(self.job, self.state or NO_STATE, now, result))
@@ -272,6 +275,22 @@ class Cycle(Entry):
             self.crew.share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
             self.held_at = result.finished_at
+
+    def _account(
+        self, result: RunResult, before: FleetState | None, attempt: int, telemetry: Telemetry
+    ) -> None:
+        """Count the slot of a scheduled run that executed in the slot counters."""
+        outcome = result.outcome
+        if result.manual or outcome in (Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED):
+            return
+        first = attempt == 1
+        telemetry.slots(
+            self.job.id,
+            missed=unattempted(self.job, before, result) if first else 0,
+            first=first,
+            committed=outcome is Outcome.SUCCESS,
+            failed=attempt > self.job.retries,
+        )
 
     def _count(self, result: RunResult) -> None:
         """Count this replica's failed scheduled runs of the job in a row (since when), and

@@ -132,7 +132,7 @@ class JobRecord:
     builtin: bool = False
     """One of ticklock's own jobs (``ticklock.retention``): not for operators to pause."""
     last_action: Action | None = None
-    """The last operation an operator made on the job (pause, resume, trigger)."""
+    """The last operation that changed the job (pause, resume, trigger)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +245,16 @@ def action_json(action: Action) -> dict[str, Any]:
         "note": action.note,
         "changed": action.changed,
     }
+
+
+_DONE = {"pause": "paused", "resume": "resumed", "trigger": "triggered", "forget": "forgot"}
+
+
+def done(action: Action) -> str:
+    """The operation as a line: ``paused by ops@host at 2026-12-01T03:05:00+00:00: INC-42``."""
+    note = f": {action.note}" if action.note else ""
+    verb = _DONE.get(action.action, action.action)
+    return f"{verb} by {action.who} at {iso(action.at)}{note}"
 
 
 def slot_json(slot: SlotRecord) -> dict[str, Any]:

@@ -17,8 +17,9 @@ A slot's fate, first match wins:
 - otherwise ``missed``: the database was unreachable, no live replica declared the job, or no
   record explains it (``unknown``: a defect, to report).
 
-A covered or skipped slot carries the same reason as a missed one would (why it did not run
-on time), when the records give one.
+The ledger begins when the job was first declared, as far back as the records reach (no slot
+before it was owed). A covered or skipped slot carries the same reason as a missed one would
+(why it did not run on time), when the records give one.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ._fleet import Action, Fate, RunRecord, SlotRecord, iso
+from ._fleet import Action, Fate, RunRecord, SlotRecord, done, iso
 from ._spec import Spec
-from ._triggers import Every
+from ._triggers import Cron, Every
 
 LIMIT = 1000
 """The most slots one ledger gives (the latest of the window)."""
@@ -53,10 +54,14 @@ class Span:
     """``None``: still going."""
     enabled: bool = True
     """For presence: the replica declared the job enabled (``False``: with ``enabled=False``)."""
+    exact: bool = False
+    """``until`` is when it ended (a replica that left); else its last record (a beat), and
+    it may have lasted a beat longer."""
 
     def covers(self, at: datetime, now: datetime, slack: timedelta) -> bool:
-        """Whether ``at`` lies in the span (its end extended by ``slack``)."""
-        return self.since - TOLERANCE <= at <= (self.until or now) + slack
+        """Whether ``at`` lies in the span (its end extended by ``slack`` unless exact)."""
+        end = now if self.until is None else self.until
+        return self.since - TOLERANCE <= at <= (end if self.exact else end + slack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,9 @@ class Records:
     horizon: datetime | None = None
     """Since when the presence records reach (retention, or the schema's upgrade): before it,
     a slot without a run has no reason the records can give."""
+    declared_since: datetime | None = None
+    """When a replica first declared the job, as far back as the records reach: no slot at
+    or before it was owed."""
 
 
 def account(
@@ -90,7 +98,9 @@ def account(
     ``limit``), oldest first."""
     runs = sorted((r for r in records.runs if r.slot is not None), key=_slot)
     scheduled = [r for r in runs if not r.manual]
-    slots = deque(_owed(spec, scheduled, since, until), maxlen=limit)
+    if records.declared_since is not None:
+        since = max(since, records.declared_since + timedelta(microseconds=1))
+    slots = deque(_owed(spec, scheduled, since, until, limit), maxlen=limit)
     own: dict[datetime, list[RunRecord]] = {}
     for run in scheduled:
         own.setdefault(_slot(run), []).append(run)
@@ -124,19 +134,13 @@ def _slot(run: RunRecord) -> datetime:
 
 
 def _owed(
-    spec: Spec, scheduled: list[RunRecord], since: datetime, until: datetime
+    spec: Spec, scheduled: list[RunRecord], since: datetime, until: datetime, limit: int
 ) -> Iterator[datetime]:
     """The slots owed from ``since`` to ``until``, oldest first."""
     trigger = spec.trigger
     steps = 0
     if not isinstance(trigger, Every):
-        at: datetime | None = since - timedelta(microseconds=1)
-        while steps < STEPS:
-            at = trigger.next_fire(at) if at is not None else None
-            if at is None or at > until:
-                return
-            steps += 1
-            yield at
+        yield from _fires(trigger, since, until, limit)
         return
     interval = trigger.delta
     before = [r for r in scheduled if _slot(r) < since]
@@ -172,6 +176,25 @@ def _owed(
             yield at
         at += interval
         steps += 1
+
+
+def _fires(trigger: Cron, since: datetime, until: datetime, limit: int) -> list[datetime]:
+    """A cron trigger's latest ``limit`` fires from ``since`` to ``until``: walked from a start
+    that moves back, doubling the span, until it holds that many (or reaches ``since``), so
+    that a long window costs about ``limit`` steps, not its length."""
+    span = timedelta(seconds=trigger.period * limit)
+    while True:
+        start = max(since, until - span)
+        fires: list[datetime] = []
+        at: datetime | None = start - timedelta(microseconds=1)
+        while len(fires) < STEPS:
+            at = trigger.next_fire(at) if at is not None else None
+            if at is None or at > until:
+                break
+            fires.append(at)
+        if len(fires) >= limit or start == since or len(fires) >= STEPS:
+            return fires[-limit:]
+        span *= 2
 
 
 def _ran(slot: datetime, attempts: list[RunRecord]) -> SlotRecord:
@@ -226,8 +249,7 @@ def _cause(
         if start <= slot and (end is None or slot < end):
             if action is None:
                 return Fate.SKIPPED, f"paused (since {iso(start)})", None
-            note = f": {action.note}" if action.note else ""
-            return Fate.SKIPPED, f"paused by {action.who} at {iso(start)}{note}", None
+            return Fate.SKIPPED, done(action), None
     live = [s for s in records.presence if s.covers(slot, now, LIVE_SLACK)]
     if live and not any(s.enabled for s in live):
         return Fate.SKIPPED, "disabled: declared with enabled=False by every live replica", None

@@ -148,7 +148,10 @@ class MemoryDatabase:
         presence records keep when it was."""
         live = self._live.pop(owner, None)
         if live is not None:
-            self.past.append(Presence(owner, live.started_at, at or live.seen_at, live.declared()))
+            until = live.seen_at if at is None else at
+            self.past.append(
+                Presence(owner, live.started_at, until, live.declared(), at is not None)
+            )
         self.changed()
 
     def presence(self) -> list[Presence]:

@@ -36,6 +36,8 @@ class Presence(NamedTuple):
     until: datetime | None
     """``None``: live now."""
     declared: Declared
+    exact: bool = False
+    """It left at ``until`` (else ``until`` is its last beat: it died, or its beats stopped)."""
 
 
 class Records(Protocol):
@@ -106,7 +108,7 @@ class MemoryFleet:
         enabled, disabled = self._declared()
         health = {h.job_id: h for h in self._health()}
         members, _ = db.view()
-        last_action = {a.job_id: a for a in db.actions if a.action != "forget"}
+        last_action = {a.job_id: a for a in db.actions if a.changed and a.action != "forget"}
         records = []
         for job_id in sorted(enabled | disabled | db.states.keys() | db.history.keys()):
             state = db.states.get(job_id) or FleetState()
@@ -213,7 +215,7 @@ class MemoryFleet:
         db = self._db
         now = self._clock.now()
         presence = [
-            Span(p.owner, p.since, p.until, job_id in p.declared.enabled)
+            Span(p.owner, p.since, p.until, job_id in p.declared.enabled, p.exact)
             for p in db.presence()
             if job_id in p.declared.enabled or job_id in p.declared.disabled
         ]
@@ -223,6 +225,7 @@ class MemoryFleet:
             presence=presence,
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
             horizon=db.since,
+            declared_since=min((p.since for p in presence), default=None),
         )
         return account(spec, records, since, until, now, limit)
 

@@ -147,6 +147,31 @@ def since(trigger: Trigger, end: datetime, slot: datetime | None) -> datetime:
     return end
 
 
+UNATTEMPTED_STEPS = 10_000
+"""The most fires :func:`unattempted` counts (a minutely cron job down for a week)."""
+
+
+def unattempted(job: Job, state: FleetState | None, result: RunResult) -> int:
+    """How many slots the schedule owed before ``result``'s that no run attempted: since the
+    fleet's last attempted slot (committed or failed) for cron; for ``every``, the intervals
+    that passed between the slot and the run's start (jitter aside). They were missed, and
+    with ``catch_up`` this run covers them."""
+    slot, trigger = result.slot, job.trigger
+    if state is None or slot is None:
+        return 0
+    if isinstance(trigger, Every):
+        late = (result.started_at - slot).total_seconds() - trigger.jitter
+        return max(0, int(late // trigger.interval))
+    attempted = [t for t in (state.last_slot, state.failed_slot) if t is not None and t < slot]
+    if not attempted:
+        return 0
+    count, at = 0, trigger.next_fire(max(attempted))
+    while at is not None and at < slot and count < UNATTEMPTED_STEPS:
+        count += 1
+        at = trigger.next_fire(at)
+    return count
+
+
 def next_due(job: Job, result: RunResult) -> datetime | None:
     """When the run after ``result`` is due, as operators see it (retries aside)."""
     return after(job.trigger, result.finished_at)

@@ -10,6 +10,7 @@ one) reads as ``None``: the job is then shown without them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from ._errors import ScheduleError
@@ -93,3 +94,14 @@ def from_json(value: Any) -> Spec | None:
         )
     except (KeyError, TypeError, ValueError, ScheduleError):
         return None
+
+
+def first_due(spec: Spec, now: datetime, started: datetime | None) -> datetime | None:
+    """When a job that has not run yet is due, as operators see it: a cron job's next fire;
+    an ``every`` job's first slot once a replica runs it (``started``: when its owner
+    started), ``None`` while none does."""
+    if isinstance(spec.trigger, Every):
+        if started is None:
+            return None
+        return max(now, started + timedelta(seconds=spec.trigger.initial_delay))
+    return spec.trigger.next_fire(now)

@@ -54,6 +54,23 @@ class Telemetry:
         self.runs = meter.create_counter(
             "ticklock.runs", unit="{run}", description="Tick attempts, by job and outcome."
         )
+        slot = "{slot}"
+        self.owed = meter.create_counter(
+            "ticklock.slots.owed", unit=slot, description="Slots the schedule owed, by job."
+        )
+        self.committed = meter.create_counter(
+            "ticklock.slots.committed", unit=slot, description="Slots committed, by job."
+        )
+        self.missed = meter.create_counter(
+            "ticklock.slots.missed",
+            unit=slot,
+            description="Slots no run attempted (a later run covered them with catch_up), by job.",
+        )
+        self.failed = meter.create_counter(
+            "ticklock.slots.failed",
+            unit=slot,
+            description="Slots whose last allowed attempt failed or timed out, by job.",
+        )
         self.capped = meter.create_counter(
             "ticklock.runs.capped",
             unit="{run}",
@@ -112,6 +129,21 @@ class Telemetry:
         if lateness is not None:
             self.lateness.record(lateness, {JOB_ID: result.job_id})
         self._log(result, exc)
+
+    def slots(
+        self, job_id: str, *, missed: int, first: bool, committed: bool, failed: bool
+    ) -> None:
+        """Count a scheduled run's slot (``first``: its first attempt, which owes it and the
+        ``missed`` ones before it), and its fate."""
+        attributes = {JOB_ID: job_id}
+        if first:
+            self.owed.add(1 + missed, attributes)
+        if missed:
+            self.missed.add(missed, attributes)
+        if committed:
+            self.committed.add(1, attributes)
+        elif failed:
+            self.failed.add(1, attributes)
 
     def _log(self, result: RunResult, exc: BaseException | None) -> None:
         level = _LEVELS.get(result.outcome, logging.INFO)

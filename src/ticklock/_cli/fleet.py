@@ -9,16 +9,38 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 
-from .._fleet import JobDeclared, JobRecord, JobState, job_json, json_text, replica_json, run_json
+from .._fleet import (
+    JobDeclared,
+    JobRecord,
+    JobState,
+    caller,
+    done,
+    job_json,
+    json_text,
+    replica_json,
+    run_json,
+)
 from .._postgres.fleet import PostgresFleet, from_connection
 from .app import label
 from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
 
-_ALARMS = (JobState.OVERDUE, JobState.FUTURE)  # the states that make ``status`` exit 1
+# the states each ``status --fail-on`` name makes exit 1
+_ALARMS = {"overdue": (JobState.OVERDUE, JobState.FUTURE), "failing": (JobState.FAILING,)}
+
+
+def alarms(fail_on: str) -> set[JobState]:
+    """The states that make ``status`` exit 1, from ``--fail-on``."""
+    names = {name.strip() for name in fail_on.split(",") if name.strip()}
+    unknown = names - _ALARMS.keys()
+    if unknown:
+        raise CommandError(
+            f"--fail-on takes {', '.join(_ALARMS)} (comma-separated), got {', '.join(unknown)}"
+        )
+    return {state for name in names for state in _ALARMS[name]}
 
 
 @asynccontextmanager
-async def _fleet(args: argparse.Namespace) -> AsyncIterator[PostgresFleet]:
+async def open_fleet(args: argparse.Namespace) -> AsyncIterator[PostgresFleet]:
     """The fleet of ``--namespace`` over one connection to ``--dsn``."""
     import asyncpg
 
@@ -37,11 +59,11 @@ async def _fleet(args: argparse.Namespace) -> AsyncIterator[PostgresFleet]:
         await conn.close()
 
 
-def _when(at: datetime | None) -> str:
+def when(at: datetime | None) -> str:
     return at.isoformat(timespec="seconds") if at is not None else "-"
 
 
-def _one_line(text: str | None, width: int = 60) -> str:
+def one_line(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
     line = " ".join(text.split())
@@ -49,8 +71,10 @@ def _one_line(text: str | None, width: int = 60) -> str:
 
 
 async def status(args: argparse.Namespace) -> int:
-    """Every job of the namespace and the live replicas; exit 1 if a job is overdue."""
-    async with _fleet(args) as fleet:
+    """Every job of the namespace and the live replicas; exit 1 if a job is overdue or
+    failing."""
+    states = alarms(args.fail_on)
+    async with open_fleet(args) as fleet:
         jobs = await fleet.jobs()
         replicas = await fleet.replicas()
         others = [] if jobs else await fleet.namespaces()
@@ -63,7 +87,7 @@ async def status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_NOT_OK
-    alarm = any(job.state in _ALARMS for job in jobs)
+    alarm = any(job.state in states for job in jobs)
     if args.json:
         print(
             json_text(
@@ -79,21 +103,23 @@ async def status(args: argparse.Namespace) -> int:
     width = max(24, *(len(label(job.job_id)) for job in jobs))
     print(
         f"{'job':<{width}}  {'status':<10}  {'last success':<25}  {'last outcome':<12}  "
-        f"{'fails':>5}  {'next due':<25}  {'last owner':<20}  last error"
+        f"{'fails':>5}  {'next due':<25}  {'owner':<20}  last error"
     )
     for job in jobs:
         state = job.state.value.upper() if job.state is not JobState.OK else "ok"
         if job.trigger_at is not None:
             state += "+TRIGGER"
         print(
-            f"{label(job.job_id):<{width}}  {state:<10}  {_when(job.last_success):<25}  "
+            f"{label(job.job_id):<{width}}  {state:<10}  {when(job.last_success):<25}  "
             f"{job.last_outcome or '-':<12}  {job.consecutive_failures:>5}  "
-            f"{_when(job.next_due):<25}  {job.last_owner or '-':<20}  "
+            f"{when(job.next_due):<25}  {job.owner or '-':<20}  "
             f"{_failed(job) if job.consecutive_failures else '-'}"
         )
         if job.declared_otherwise:
             shown = ", ".join(job.declared_otherwise)
             print(f"{'':<{width}}  declared otherwise by {shown} (the majority's rules)")
+        if job.last_action is not None and job.state is JobState.PAUSED:
+            print(f"{'':<{width}}  {one_line(done(job.last_action), 120)}")
         if job.last_capped:
             print(
                 f"{'':<{width}}  last run CAPPED after {job.last_batches} batches "
@@ -104,8 +130,8 @@ async def status(args: argparse.Namespace) -> int:
         print(f"live replicas ({len(replicas)}):")
         for replica in replicas:
             print(
-                f"  {replica.owner}  up since {_when(replica.started_at)}, last seen "
-                f"{_when(replica.seen_at)}, {len(replica.jobs)} jobs"
+                f"  {replica.owner}  up since {when(replica.started_at)}, last seen "
+                f"{when(replica.seen_at)}, {len(replica.jobs)} jobs"
                 + (f"; gave up: {', '.join(replica.failing)}" if replica.failing else "")
             )
     else:
@@ -116,20 +142,20 @@ async def status(args: argparse.Namespace) -> int:
 def _failed(job: JobRecord) -> str:
     """The last error, and the replica whose run it was."""
     where = f"on {job.last_owner}: " if job.last_owner else ""
-    return where + _one_line(job.last_error)
+    return where + one_line(job.last_error)
 
 
 async def history(args: argparse.Namespace) -> int:
     """The job's last runs, newest first."""
     if args.limit < 1:
         raise CommandError(f"--limit must be at least 1, got {args.limit}")
-    async with _fleet(args) as fleet:
+    async with open_fleet(args) as fleet:
         try:
             # the table prints 60 characters of each: read no more than a little over that
             cut = None if args.json else 200
             runs = await fleet.history(args.job, args.limit, max_text=cut)
         except KeyError as exc:
-            return _refused(exc)
+            return refused(exc)
     if args.json:
         print(json_text([run_json(run) for run in runs], indent=2))
         return EXIT_OK
@@ -139,11 +165,11 @@ async def history(args: argparse.Namespace) -> int:
         if run.batches or run.capped:
             note += f"{run.batches} batches{' CAPPED' if run.capped else ''} "
         if run.error:
-            note += _one_line(run.error)
+            note += one_line(run.error)
         elif run.report is not None:
-            note += _one_line(json_text(run.report))
+            note += one_line(json_text(run.report))
         print(
-            f"{_when(run.finished_at):<25}  {_when(run.slot):<25}  {run.outcome:<9}  "
+            f"{when(run.finished_at):<25}  {when(run.slot):<25}  {run.outcome:<9}  "
             f"{run.duration:>8.3f}  {run.owner:<20}  {note or '-'}"
         )
     if not runs:
@@ -153,35 +179,41 @@ async def history(args: argparse.Namespace) -> int:
 
 async def pause(args: argparse.Namespace) -> int:
     """Pause a job fleet-wide."""
-    async with _fleet(args) as fleet:
+    async with open_fleet(args) as fleet:
         try:
-            await fleet.pause(args.job)
+            changed = await fleet.pause(args.job, args.note, who=_who())
         except KeyError as exc:
-            return _refused(exc)
+            return refused(exc)
+    if not changed:
+        print(f"ticklock: {args.job!r} was paused already: nothing changed (the note is logged)")
+        return EXIT_OK
     print(f"ticklock: paused {args.job!r}: no replica starts a scheduled run of it from now on")
     return EXIT_OK
 
 
 async def resume(args: argparse.Namespace) -> int:
     """Resume a paused job fleet-wide."""
-    async with _fleet(args) as fleet:
+    async with open_fleet(args) as fleet:
         try:
-            await fleet.resume(args.job)
+            changed = await fleet.resume(args.job, args.note, who=_who())
         except KeyError as exc:
-            return _refused(exc)
+            return refused(exc)
+    if not changed:
+        print(f"ticklock: {args.job!r} was not paused: nothing changed (the note is logged)")
+        return EXIT_OK
     print(f"ticklock: resumed {args.job!r}")
     return EXIT_OK
 
 
 async def trigger(args: argparse.Namespace) -> int:
     """Ask the fleet for one run of a job now."""
-    async with _fleet(args) as fleet:
+    async with open_fleet(args) as fleet:
         try:
-            at = await fleet.trigger(args.job)
+            at = await fleet.trigger(args.job, args.note, who=_who())
         except KeyError as exc:
-            return _refused(exc)
+            return refused(exc)
     print(
-        f"ticklock: asked the fleet to run {args.job!r} (slot {_when(at)}); "
+        f"ticklock: asked the fleet to run {args.job!r} (slot {when(at)}); "
         f"'ticklock history {args.job}' shows the run"
     )
     return EXIT_OK
@@ -189,16 +221,21 @@ async def trigger(args: argparse.Namespace) -> int:
 
 async def forget(args: argparse.Namespace) -> int:
     """Delete the state and history of a job no live replica declares."""
-    async with _fleet(args) as fleet:
+    async with open_fleet(args) as fleet:
         try:
-            await fleet.forget(args.job)
+            await fleet.forget(args.job, args.note, who=_who())
         except (KeyError, JobDeclared) as exc:
-            return _refused(exc)
+            return refused(exc)
     print(f"ticklock: forgot {args.job!r}: its state and history are deleted")
     return EXIT_OK
 
 
-def _refused(exc: BaseException) -> int:
+def _who() -> str:
+    """Who the CLI acts for in the audit log: its user and host."""
+    return f"{caller()} (cli)"
+
+
+def refused(exc: BaseException) -> int:
     message = exc.args[0] if exc.args else str(exc)
     print(f"ticklock: {message}", file=sys.stderr)
     return EXIT_NOT_OK

@@ -15,7 +15,7 @@ from .._errors import ScheduleError, StartupError
 from .._logging import FORMAT
 from .._validate import dsn as valid_dsn
 from .._validate import redact
-from . import app, fleet
+from . import app, fleet, ledger
 from .errors import EXIT_ERROR, CommandError
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -23,8 +23,13 @@ _COMMANDS = (
     ("run", "run a scheduler from your code as a sidecar process", app.run),
     ("jobs", "list a scheduler's jobs and their next fire times", app.jobs),
     ("demo", "run a demo scheduler in local mode, printing each run", app.demo),
-    ("status", "show the fleet's jobs and live replicas; exit 1 if a job is overdue", fleet.status),
+    (
+        "status",
+        "show the fleet's jobs and live replicas; exit 1 if a job is overdue or failing",
+        fleet.status,
+    ),
     ("history", "show a job's last runs, newest first", fleet.history),
+    ("slots", "show every slot a job's schedule owed, and what happened to it", ledger.slots),
     ("pause", "pause a job on every replica (a run in flight finishes)", fleet.pause),
     ("resume", "resume a paused job", fleet.resume),
     ("trigger", "ask the fleet to run a job once, now", fleet.trigger),
@@ -32,15 +37,27 @@ _COMMANDS = (
     ("migrate", "create or update ticklock's tables", fleet.migrate),
     ("dashboard", "serve the fleet's dashboard (needs ticklock[dashboard])", fleet.dashboard),
 )
-_ON_DATABASE = {"status", "history", "pause", "resume", "trigger", "forget", "migrate", "dashboard"}
-_ON_JOB = ("history", "pause", "resume", "trigger", "forget")
+_ON_DATABASE = {
+    "status",
+    "history",
+    "slots",
+    "pause",
+    "resume",
+    "trigger",
+    "forget",
+    "migrate",
+    "dashboard",
+}
+_ON_JOB = ("history", "slots", "pause", "resume", "trigger", "forget")
+_AUDITED = ("pause", "resume", "trigger", "forget")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ticklock",
         description="Periodic jobs inside your process, once across replicas.",
-        epilog="Exit codes: 0 ok; 1 'status' found an overdue job, a job was not found, or an "
+        epilog="Exit codes: 0 ok; 1 'status' found an overdue or failing job, a job was not "
+        "found, or an "
         "operation was refused; 2 usage, import or connection error. The database commands "
         "take the DSN from --dsn or the TICKLOCK_DSN variable.",
     )
@@ -64,8 +81,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--namespace", default="default", help="the application namespace")
         if name in _ON_JOB:
             p.add_argument("job", metavar="JOB", help="the job's id")
-        if name in ("status", "history"):
+        if name in ("status", "history", "slots"):
             p.add_argument("--json", action="store_true", help="print JSON, for scripts")
+        if name in _AUDITED:
+            p.add_argument("--note", help='why, for the audit log (e.g. "INC-42: upstream down")')
     commands["run"].add_argument(
         "target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler"
     )
@@ -81,6 +100,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands["history"].add_argument(
         "--limit", type=int, default=20, help="how many runs to show (default 20)"
+    )
+    commands["status"].add_argument(
+        "--fail-on",
+        default="overdue,failing",
+        metavar="STATES",
+        help="the states that make it exit 1, comma-separated: overdue (the absence alarm; a "
+        "watermark in the future counts), failing (default: overdue,failing)",
+    )
+    slots = commands["slots"]
+    slots.add_argument(
+        "--since",
+        default="24h",
+        help="the window's start: a duration back from now (90m, 24h, 7d) or an ISO 8601 "
+        "instant (default 24h)",
+    )
+    slots.add_argument("--until", default=None, help="the window's end, as --since (default: now)")
+    slots.add_argument(
+        "--limit", type=int, default=200, help="how many slots to show, the latest (default 200)"
+    )
+    slots.add_argument(
+        "--all", action="store_true", help="show the slots that ran too (default: the others)"
     )
     dashboard = commands["dashboard"]
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")

@@ -180,6 +180,7 @@ class Watch:
                 if send is not None or self._soon is not None:
                     await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
                 others = await self._view(conn, row["owners"] or [], row["declared"] or [])
+                await c.record_outages(conn)
         except Exception as exc:
             if getattr(exc, "sqlstate", None) in _MISSING:
                 await self._repair("a table was missing")

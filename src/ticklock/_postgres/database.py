@@ -94,6 +94,7 @@ class Database:
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
         self._down_at: datetime | None = None  # and when it began, for the outages record
+        self._outages: list[tuple[datetime, datetime]] = []  # ended, not recorded yet
         self.owner = owner
         """The replica this database is for (it records the outages it saw)."""
         self._cause = ""
@@ -151,11 +152,9 @@ class Database:
             self.transaction_timeout = major >= 17
             self.terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
             await self._check_clock(conn)
-            if self._down_at is not None:
-                await conn.execute(self.sql.outage, self.namespace, self.owner, self._down_at)
-                self._down_at = None
+            self.up()
+            await self.record_outages(conn)
         self.ready = True
-        self.up()
 
     def down(self, exc: BaseException) -> None:
         """Note a failed attempt: log the start of an outage (or a change of its cause) once,
@@ -193,6 +192,11 @@ class Database:
         self._cause = cause
 
     def up(self) -> None:
+        """Note that the database answered: an outage in progress ended (recorded by
+        :meth:`record_outages`)."""
+        if self._down_at is not None:
+            self._outages.append((self._down_at, self.clock.now()))
+            self._down_at = None
         self._retry_delay = RETRY_FIRST
         self.problem = None
         if self._down_since is not None:
@@ -200,6 +204,13 @@ class Database:
                 "the database answers again, after %.1f s", time.monotonic() - self._down_since
             )
             self._down_since = None
+
+    async def record_outages(self, conn: asyncpg.Connection[Any]) -> None:
+        """Record the outages this replica saw end (for the ledger), on ``conn``."""
+        while self._outages:
+            since, until = self._outages[0]
+            await conn.execute(self.sql.outage, self.namespace, self.owner, since, until)
+            del self._outages[0]
 
     def explain(self, exc: BaseException) -> str:
         """One line for an error that fails start-up: its cause, and the fix."""

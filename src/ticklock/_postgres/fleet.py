@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
+from .. import _spec
 from .._caps import (
     ERROR_LIMIT,
     HEAD,
@@ -24,9 +25,22 @@ from .._caps import (
     report_marker,
 )
 from .._coordination import FUTURE_LIMIT
-from .._fleet import JobDeclared, JobRecord, JobState, Replica, RunRecord
+from .._fleet import (
+    BUILTIN,
+    Action,
+    JobDeclared,
+    JobRecord,
+    JobState,
+    Replica,
+    RunRecord,
+    SlotRecord,
+    state_of,
+)
+from .._ledger import LIMIT
 from .._lock_key import lock_key
+from .._sharing import Member, owner_of
 from .control import CHANNEL, LIVE, payload
+from .ledger import LedgerReader
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -93,7 +107,7 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     coalesce(j.consecutive_failures, 0) AS consecutive_failures,
     left(j.last_error, {ERROR_LIMIT}) AS last_error, length(j.last_error) AS error_length,
     j.last_owner,
-    j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue,
+    j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue, j.spec::text,
     coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
         AS future,
     EXISTS (SELECT FROM live) AS fleet, d.enabled,
@@ -124,23 +138,37 @@ ORDER BY job_id"""
             f"FROM {s}.replicas "
             f"WHERE namespace = $1 AND {recent} ORDER BY owner"
         )
-        notify = "SELECT pg_notify($3, $4)::text FROM u"  # one row if the job exists
-        where = "WHERE namespace = $1 AND job_id = $2 RETURNING 1"
-        self._pause = (
-            f"WITH u AS (UPDATE {s}.jobs SET paused_at = coalesce(paused_at, now()) {where}) "
-            + notify
-        )
+        where = "WHERE namespace = $1 AND job_id = $2"
+        self._current = f"SELECT paused_at, trigger_at FROM {s}.jobs {where} FOR UPDATE"
+        self._pause = f"UPDATE {s}.jobs SET paused_at = coalesce(paused_at, now()) {where}"
         # the time spent paused does not count toward overdue
         self._resume = (
-            f"WITH u AS (UPDATE {s}.jobs SET paused_at = NULL, overdue_at = CASE WHEN "
-            "paused_at IS NULL THEN overdue_at ELSE overdue_at + (now() - paused_at) END "
-            f"{where}) " + notify
+            f"UPDATE {s}.jobs SET paused_at = NULL, overdue_at = CASE WHEN "
+            f"paused_at IS NULL THEN overdue_at ELSE overdue_at + (now() - paused_at) END {where}"
         )
         self._trigger = (
-            f"WITH u AS (UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) "
-            "WHERE namespace = $1 AND job_id = $2 RETURNING trigger_at) "
-            "SELECT trigger_at, pg_notify($3, $4)::text FROM u"
+            f"UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) {where} "
+            "RETURNING trigger_at"
         )
+        self._audit = (
+            f"INSERT INTO {s}.audit (namespace, job_id, action, who, note, changed) "
+            "VALUES ($1, $2, $3, $4, $5, $6)"
+        )
+        self._actions = (
+            f"SELECT job_id, action, who, at, note, changed FROM {s}.audit "
+            "WHERE namespace = $1 AND ($2::text IS NULL OR job_id = $2) "
+            "ORDER BY at DESC, id DESC LIMIT $3"
+        )
+        self._last_actions = (
+            f"SELECT DISTINCT ON (job_id) job_id, action, who, at, note, changed FROM {s}.audit "
+            "WHERE namespace = $1 AND changed AND action <> 'forget' "
+            "ORDER BY job_id, at DESC, id DESC"
+        )
+        self._members = (
+            "SELECT owner, started_at, jobs, fingerprints, failing "
+            f"FROM {s}.replicas WHERE namespace = $1 AND {recent} AND seen_at > started_at"
+        )
+        self._ledger = LedgerReader(schema, namespace)
         self._declared = (
             f"WITH live AS ({live}) SELECT EXISTS (SELECT FROM live), "
             "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs)), "
@@ -156,24 +184,51 @@ ORDER BY job_id"""
         """Every job of the namespace that has a row or that a live replica declares."""
         async with self._acquire() as conn:
             rows = await conn.fetch(self._jobs, self.namespace, FUTURE_LIMIT)
-        return [
-            JobRecord(
-                job_id=row["job_id"],
-                state=_state(row),
-                last_success=row["last_success_at"],
-                last_outcome=row["last_outcome"],
-                next_due=row["next_due"],
-                consecutive_failures=row["consecutive_failures"],
-                last_error=_error(row, "last_error", ERROR_LIMIT),
-                last_owner=row["last_owner"],
-                paused_at=row["paused_at"],
-                trigger_at=row["trigger_at"],
-                declared_otherwise=tuple(row["otherwise"] or ()),
-                last_batches=(row["last_run"] or (0, 0))[0],
-                last_capped=bool((row["last_run"] or (0, 0))[1]),
+            actions = await conn.fetch(self._last_actions, self.namespace)
+            live = await conn.fetch(self._members, self.namespace)
+            now = await conn.fetchval("SELECT now()")
+        last = {row["job_id"]: Action(*row) for row in actions}
+        members = {
+            r["owner"]: Member(
+                dict(zip(r["jobs"], r["fingerprints"], strict=False)),
+                frozenset(r["failing"]),
+                r["started_at"],
             )
-            for row in rows
-        ]
+            for r in live
+        }
+        records = []
+        for row in rows:
+            job_id = row["job_id"]
+            spec = _spec.from_json(None if row["spec"] is None else json.loads(row["spec"]))
+            owner = owner_of(members, job_id)
+            next_due = row["next_due"]
+            if next_due is None and spec is not None and row["enabled"]:
+                start = members[owner].started_at if owner is not None else None
+                next_due = _spec.first_due(spec, now, start)
+            records.append(
+                JobRecord(
+                    job_id=job_id,
+                    state=_state(row, spec),
+                    last_success=row["last_success_at"],
+                    last_outcome=row["last_outcome"],
+                    next_due=next_due,
+                    consecutive_failures=row["consecutive_failures"],
+                    last_error=_error(row, "last_error", ERROR_LIMIT),
+                    last_owner=row["last_owner"],
+                    paused_at=row["paused_at"],
+                    trigger_at=row["trigger_at"],
+                    declared_otherwise=tuple(row["otherwise"] or ()),
+                    last_batches=(row["last_run"] or (0, 0))[0],
+                    last_capped=bool((row["last_run"] or (0, 0))[1]),
+                    schedule=None if spec is None else spec.schedule,
+                    timeout=None if spec is None else spec.timeout,
+                    retries=None if spec is None else spec.retries,
+                    owner=owner,
+                    builtin=job_id.startswith(BUILTIN),
+                    last_action=last.get(job_id),
+                )
+            )
+        return records
 
     async def namespaces(self) -> list[str]:
         """Every namespace with jobs in the schema (for a status that found none)."""
@@ -226,31 +281,37 @@ ORDER BY job_id"""
             for row in rows
         ]
 
-    async def pause(self, job_id: str) -> None:
-        """Pause the job fleet-wide (a pause already in force keeps its instant)."""
-        await self._steer(self._pause, job_id)
+    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Pause the job fleet-wide (a pause already in force keeps its instant); whether
+        it was not paused. Audited."""
+        return await self._steer(self._pause, "pause", job_id, note, who)
 
-    async def resume(self, job_id: str) -> None:
-        """Resume the job fleet-wide."""
-        await self._steer(self._resume, job_id)
+    async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Resume the job fleet-wide; whether it was paused. Audited."""
+        return await self._steer(self._resume, "resume", job_id, note, who)
 
-    async def trigger(self, job_id: str) -> datetime:
+    async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
         """Ask the fleet for one run now; refused (``KeyError``) when live replicas run and
-        none declares the job enabled. A request not served yet keeps its instant."""
-        async with self._acquire() as conn:
+        none declares the job enabled. A request not served yet keeps its instant. Audited."""
+        async with self._acquire() as conn, conn.transaction():
             fleet, enabled, _ = await self._declaration(conn, job_id)
             if fleet and not enabled:
                 raise KeyError(
                     f"no live replica runs job {job_id!r} (it is not declared, or declared "
                     "with enabled=False), so none would serve the request"
                 )
-            row = await conn.fetchrow(self._trigger, self.namespace, job_id, CHANNEL, self._payload)
-        if row is None:
-            raise self._unknown(job_id)
-        return cast(datetime, row["trigger_at"])
+            before = await conn.fetchrow(self._current, self.namespace, job_id)
+            if before is None:
+                raise self._unknown(job_id)
+            at = await conn.fetchval(self._trigger, self.namespace, job_id)
+            changed = before["trigger_at"] is None
+            await conn.execute(self._audit, self.namespace, job_id, "trigger", who, note, changed)
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+        return cast(datetime, at)
 
-    async def forget(self, job_id: str) -> None:
-        """Delete the job's state and history, under its lock."""
+    async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
+        """Delete the job's state and history, under its lock. Audited (its operations stay
+        in the audit log)."""
         async with self._acquire() as conn, conn.transaction():
             *_, declared = await self._declaration(conn, job_id)
             if declared:
@@ -261,6 +322,21 @@ ORDER BY job_id"""
             await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(self.namespace, job_id))
             if not await conn.fetchval(self._forget, self.namespace, job_id):
                 raise self._unknown(job_id)
+            await conn.execute(self._audit, self.namespace, job_id, "forget", who, note, True)
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._actions, self.namespace, job_id, limit)
+        return [Action(*row) for row in rows]
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT
+    ) -> list[SlotRecord]:
+        """The job's ledger (see :mod:`ticklock._ledger`), from the records the retention
+        keeps."""
+        async with self._acquire() as conn:
+            return await self._ledger.slots(conn, job_id, since, until, limit)
 
     async def _declaration(self, conn: asyncpg.Connection[Any], job_id: str) -> tuple[bool, ...]:
         """Whether replicas are live; whether one declares the job enabled; or at all."""
@@ -268,11 +344,19 @@ ORDER BY job_id"""
         assert row is not None
         return tuple(row)
 
-    async def _steer(self, statement: str, job_id: str) -> None:
-        async with self._acquire() as conn:
-            done = await conn.fetch(statement, self.namespace, job_id, CHANNEL, self._payload)
-        if not done:
-            raise self._unknown(job_id)
+    async def _steer(
+        self, statement: str, action: str, job_id: str, note: str | None, who: str
+    ) -> bool:
+        """Pause or resume, audited, and tell the replicas; whether it changed anything."""
+        async with self._acquire() as conn, conn.transaction():
+            before = await conn.fetchrow(self._current, self.namespace, job_id)
+            if before is None:
+                raise self._unknown(job_id)
+            changed = (before["paused_at"] is None) == (action == "pause")
+            await conn.execute(statement, self.namespace, job_id)
+            await conn.execute(self._audit, self.namespace, job_id, action, who, note, changed)
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+        return changed
 
     def _unknown(self, job_id: str) -> KeyError:
         return KeyError(f"no job {job_id!r} in namespace {self.namespace!r}")
@@ -293,15 +377,13 @@ def _error(row: asyncpg.Record, column: str, limit: int) -> str | None:
     return None if error is None else cut_text(error, row["error_length"], limit)
 
 
-def _state(row: asyncpg.Record) -> JobState:
-    if row["fleet"] and row["enabled"] is None:
-        return JobState.UNDECLARED  # live replicas run, none declares it
-    if row["fleet"] and not row["enabled"]:
-        return JobState.DISABLED
-    if row["paused_at"] is not None:
-        return JobState.PAUSED
-    if row["future"]:
-        return JobState.FUTURE
-    if row["overdue"]:
-        return JobState.OVERDUE
-    return JobState.OK
+def _state(row: asyncpg.Record, spec: _spec.Spec | None) -> JobState:
+    threshold = spec.failure_threshold if spec is not None else 1
+    return state_of(
+        undeclared=row["fleet"] and row["enabled"] is None,  # live replicas run, none declares it
+        disabled=row["fleet"] and row["enabled"] is False,
+        paused=row["paused_at"] is not None,
+        future=row["future"],
+        overdue=row["overdue"],
+        failing=row["consecutive_failures"] >= threshold,
+    )

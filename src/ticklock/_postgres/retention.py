@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 
 class Retention:
-    """The built-in job ``ticklock.retention``: deletes run records older than ``keep``.
+    """The built-in job ``ticklock.retention``: deletes run records older than ``keep``, and
+    the ledger's records (presence, outages, the audit log) that ended before then.
 
     It runs every minute and deletes at most :attr:`BATCH` rows a run, so that a tick stays
     short (about 0.3 s for a full batch on the benchmarks' machine) and still keeps up with
@@ -21,11 +22,15 @@ class Retention:
     BATCH = 50_000
 
     def __init__(self, schema: str, namespace: str, keep: float) -> None:
+        s = quote(schema)
+        old = "namespace = $1 AND {} < now() - make_interval(secs => $2)"
         self._sql = (
-            f"WITH d AS (DELETE FROM {quote(schema)}.runs WHERE id IN ("
-            f"SELECT id FROM {quote(schema)}.runs WHERE namespace = $1 "
-            f"AND finished_at < now() - make_interval(secs => $2) LIMIT {self.BATCH}) "
-            "RETURNING 1) SELECT count(*) FROM d"
+            f"WITH d AS (DELETE FROM {s}.runs WHERE id IN ("
+            f"SELECT id FROM {s}.runs WHERE {old.format('finished_at')} LIMIT {self.BATCH}) "
+            f"RETURNING 1), p AS (DELETE FROM {s}.presence WHERE {old.format('until')}), "
+            f"o AS (DELETE FROM {s}.outages WHERE {old.format('until')}), "
+            f"a AS (DELETE FROM {s}.audit WHERE {old.format('at')}) "
+            "SELECT count(*) FROM d"
         )
         self._namespace = namespace
         self._keep = keep

@@ -107,6 +107,7 @@ CREATE TABLE IF NOT EXISTS {s}.presence (
     until timestamptz NOT NULL,
     jobs text[] NOT NULL,
     disabled text[] NOT NULL,
+    left_at timestamptz,
     PRIMARY KEY (namespace, owner, started_at, since)
 );
 CREATE INDEX IF NOT EXISTS presence_until ON {s}.presence (namespace, until);""",

@@ -36,7 +36,9 @@ class Statements:
             "ON j.namespace = $1 AND j.job_id = $2"
         )
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
-        tables = ", ".join(f"'{s}.{t}'" for t in ("jobs", "runs", "replicas", "presence", "outages", "audit"))
+        tables = ", ".join(
+            f"'{s}.{t}'" for t in ("jobs", "runs", "replicas", "presence", "outages", "audit")
+        )
         self.ungranted = f"""
 SELECT array_agg(what ORDER BY what) FROM (
     SELECT format('table %s (%s)', replace(t, '"', ''), p) AS what
@@ -70,7 +72,7 @@ UPDATE {s}.jobs AS j SET spec = v.spec::jsonb FROM v JOIN free ON free.job_id = 
 WHERE j.namespace = $1 AND j.job_id = v.id"""
         # a database outage a replica saw, recorded once it answers again
         self.outage = (
-            f"INSERT INTO {s}.outages (namespace, owner, since, until) VALUES ($1, $2, $3, now())"
+            f"INSERT INTO {s}.outages (namespace, owner, since, until) VALUES ($1, $2, $3, $4)"
         )
         self.reschedule = (
             f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
@@ -215,7 +217,11 @@ FROM beat,
         # a replica that leaves tells the others at once: they take over its jobs
         self.leave = (
             f"WITH gone AS (DELETE FROM {s}.replicas WHERE namespace = $1 AND owner = $2 "
-            "RETURNING 1) SELECT pg_notify($3, $4) FROM gone"
+            "RETURNING started_at, declared_at), "
+            f"ended AS (UPDATE {s}.presence AS p SET until = now(), left_at = now() FROM gone "
+            "WHERE p.namespace = $1 AND p.owner = $2 AND p.started_at = gone.started_at "
+            "AND p.since = gone.declared_at) "
+            "SELECT pg_notify($3, $4) FROM gone"
         )
         # A failure from a replica whose clock runs ahead is recorded, but it moves neither
         # the fixed delay nor the slot to retry: the healthy replicas go on running the job.

@@ -1,0 +1,68 @@
+"""``ticklock slots JOB``: every slot a job's schedule owed in a window, and its fate."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import datetime, timedelta, timezone
+
+from .._fleet import Fate, json_text, slot_json
+from .errors import EXIT_OK, CommandError
+from .fleet import one_line, open_fleet, refused, when
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SHOWN = (Fate.RAN,)  # hidden unless --all: the slots nobody asks about
+
+
+def instant(text: str, now: datetime, option: str) -> datetime:
+    """``text`` as an instant: a duration back from ``now`` (``90m``, ``24h``, ``7d``) or an
+    ISO 8601 instant (UTC if it names no offset)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if match:
+        return now - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(
+            f"{option} must be a duration back from now (90m, 24h, 7d) or an ISO 8601 instant "
+            f"(2026-12-01T03:00:00+00:00), got {text!r}"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+
+
+async def slots(args: argparse.Namespace) -> int:
+    """The job's ledger for the window, oldest first."""
+    if args.limit < 1:
+        raise CommandError(f"--limit must be at least 1, got {args.limit}")
+    now = datetime.now(timezone.utc)
+    since = instant(args.since, now, "--since")
+    until = now if args.until is None else instant(args.until, now, "--until")
+    if until < since:
+        raise CommandError(f"--until ({when(until)}) is before --since ({when(since)})")
+    async with open_fleet(args) as fleet:
+        try:
+            ledger = await fleet.slots(args.job, since, until, limit=args.limit)
+        except KeyError as exc:
+            return refused(exc)
+    if args.json:
+        print(json_text([slot_json(slot) for slot in ledger], indent=2))
+        return EXIT_OK
+    counts: dict[Fate, int] = {}
+    for slot in ledger:
+        counts[slot.fate] = counts.get(slot.fate, 0) + 1
+    summary = ", ".join(f"{n} {fate.value}" for fate, n in counts.items()) or "none"
+    print(f"slots of {args.job!r} from {when(since)} to {when(until)}: {summary}")
+    shown = [s for s in ledger if args.all or s.fate not in _SHOWN]
+    if not shown:
+        print("(every slot ran; --all lists them)" if ledger else "(no slot was owed)")
+        return EXIT_OK
+    print(f"{'slot':<25}  {'fate':<9}  {'run':<25}  {'owner':<20}  why")
+    for slot in shown:
+        run = slot.run
+        why = slot.reason or (run.error if run is not None else None)
+        print(
+            f"{when(slot.slot):<25}  {slot.fate.value:<9}  "
+            f"{when(run.started_at) if run else '-':<25}  {run.owner if run else '-':<20}  "
+            f"{one_line(why, 100)}"
+        )
+    return EXIT_OK

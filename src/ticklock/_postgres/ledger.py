@@ -1,0 +1,120 @@
+"""The ledger's records of one job, read from ticklock's tables (see :mod:`ticklock._ledger`).
+
+The runs in the window (and the last one before it, and the first success after it), the
+replicas' presence, the outages they recorded, and the job's pauses from the audit log: a few
+indexed reads on one connection, however long the window.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .. import _spec
+from .._fleet import Action, RunRecord, SlotRecord
+from .._ledger import Records, Span, account
+from .schema import quote
+
+if TYPE_CHECKING:
+    import asyncpg
+
+SLOT_ERROR = 500
+"""The characters of a run's error that a ledger reads (its reports are not read)."""
+ACTIONS = 1000
+"""The most pauses and resumes of a job that a ledger reads (the latest)."""
+
+
+class LedgerReader:
+    """Reads what :func:`ticklock._ledger.account` needs of a job of ``namespace``."""
+
+    def __init__(self, schema: str, namespace: str) -> None:
+        s = quote(schema)
+        self.namespace = namespace
+        where = "WHERE namespace = $1 AND job_id = $2"
+        columns = (
+            "job_id, slot, started_at, finished_at, outcome, owner, "
+            f"left(error, {SLOT_ERROR}) AS error, manual, batches, capped"
+        )
+        runs = f"SELECT {columns} FROM {s}.runs {where}"
+        # $3, $4: the window; $5: how many of its runs (the latest)
+        self._runs = f"""
+(SELECT * FROM ({runs} AND finished_at >= $3 AND slot <= $4
+    ORDER BY finished_at DESC LIMIT $5) AS inside)
+UNION ALL (SELECT * FROM ({runs} AND slot < $3 AND NOT manual
+    ORDER BY finished_at DESC LIMIT 1) AS before)
+UNION ALL (SELECT * FROM ({runs} AND slot > $4 AND outcome = 'success'
+    ORDER BY finished_at LIMIT 1) AS after)"""
+        self._job = f"SELECT now(), spec::text, paused_at FROM {s}.jobs {where}"
+        self._presence = (
+            "SELECT owner, since, until, $2 = ANY(jobs) AS enabled, left_at IS NOT NULL AS left "
+            f"FROM {s}.presence "
+            "WHERE namespace = $1 AND ($2 = ANY(jobs) OR $2 = ANY(disabled)) "
+            "AND until >= $3::timestamptz - interval '1 minute' AND since <= $4"
+        )
+        self._horizon = (
+            f"SELECT min(since), min(since) FILTER (WHERE $2 = ANY(jobs) OR $2 = ANY(disabled)) "
+            f"FROM {s}.presence WHERE namespace = $1"
+        )
+        self._outages = (
+            f"SELECT owner, since, until FROM {s}.outages "
+            "WHERE namespace = $1 AND until >= $2 AND since <= $3"
+        )
+        self._steering = (
+            f"SELECT job_id, action, who, at, note, changed FROM {s}.audit {where} "
+            f"AND action IN ('pause', 'resume') ORDER BY at DESC, id DESC LIMIT {ACTIONS}"
+        )
+
+    async def slots(
+        self,
+        conn: asyncpg.Connection[Any],
+        job_id: str,
+        since: datetime,
+        until: datetime,
+        limit: int,
+    ) -> list[SlotRecord]:
+        """The job's ledger; ``KeyError`` for a job without a row, or one whose schedule
+        the records do not hold (no replica of this release declared it yet)."""
+        ns = self.namespace
+        job = await conn.fetchrow(self._job, ns, job_id)
+        if job is None:
+            raise KeyError(f"no job {job_id!r} in namespace {ns!r}")
+        spec = _spec.from_json(None if job["spec"] is None else json.loads(job["spec"]))
+        if spec is None:
+            raise KeyError(
+                f"job {job_id!r} has no schedule recorded: it is written when a replica "
+                "that declares the job starts"
+            )
+        runs = await conn.fetch(self._runs, ns, job_id, since, until, limit * 4)
+        presence = await conn.fetch(self._presence, ns, job_id, since, until)
+        outages = await conn.fetch(self._outages, ns, since, until)
+        actions = await conn.fetch(self._steering, ns, job_id)
+        horizon, declared_since = await conn.fetchrow(self._horizon, ns, job_id) or (None, None)
+        records = Records(
+            runs=[_run(row) for row in runs],
+            actions=[Action(*row) for row in actions],
+            presence=[
+                Span(r["owner"], r["since"], r["until"], r["enabled"], r["left"]) for r in presence
+            ],
+            outages=[Span(r["owner"], r["since"], r["until"]) for r in outages],
+            paused_at=job["paused_at"],
+            horizon=horizon,
+            declared_since=declared_since,
+        )
+        return account(spec, records, since, until, job["now"], limit)
+
+
+def _run(row: asyncpg.Record) -> RunRecord:
+    return RunRecord(
+        job_id=row["job_id"],
+        slot=row["slot"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=row["outcome"],
+        owner=row["owner"],
+        report=None,
+        error=row["error"],
+        manual=row["manual"],
+        batches=row["batches"],
+        capped=row["capped"],
+    )

@@ -1,0 +1,161 @@
+"""What operators read of a job on a ManualClock: FAILING apart from OVERDUE, the audited
+operations, the owner and next due, and the ledger of a fleet on a MemoryDatabase."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ticklock import JobContext, Scheduler, cron, every
+from ticklock._fleet import Fate, JobState
+from ticklock.testing import ManualClock, MemoryDatabase
+
+pytestmark = pytest.mark.anyio
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "outcomes", "after", "state", "failing", "overdue"),
+    [
+        # one failure of a 60 s job: FAILING at once (default threshold 1), not yet overdue
+        (1, "F", 1, JobState.FAILING, True, False),
+        # the absence alarm comes later: due at 60, + timeout 30 + grace 6 = 96 s
+        (1, "F", 97, JobState.OVERDUE, True, True),
+        (3, "F", 1, JobState.OK, False, False),  # under its threshold: not failing
+        (3, "FFF", 1, JobState.FAILING, True, False),
+        (1, "FS", 1, JobState.OK, False, False),  # a success ends it
+        (1, "S", 1, JobState.OK, False, False),
+    ],
+)
+async def test_failing_is_apart_from_overdue(
+    threshold: int, outcomes: str, after: float, state: JobState, failing: bool, overdue: bool
+) -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    plan = list(outcomes)
+
+    @scheduler.job(every(60), id="j", failure_threshold=threshold, retries=0)
+    async def j(ctx: JobContext) -> None:
+        if plan.pop(0) == "F":
+            raise RuntimeError("no")
+
+    async with scheduler:
+        for _ in outcomes[1:]:
+            await clock.advance(1)  # a manual run's slot is now: one per instant
+            await scheduler.run_now("j")
+        await clock.advance(after)
+        [record] = [r for r in await scheduler.fleet.jobs() if r.job_id == "j"]
+        [health] = scheduler.health()
+    assert (record.state, health.failing, health.overdue) == (state, failing, overdue)
+
+
+async def test_operations_are_audited_and_say_whether_they_changed_anything() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    @scheduler.job(every(60), id="j")
+    async def j(ctx: JobContext) -> None: ...
+
+    async with scheduler:
+        assert await scheduler.pause("j", "INC-42: upstream down", who="ops@laptop") is True
+        await clock.advance(5)
+        assert await scheduler.pause("j", who="ops@laptop") is False
+        assert await scheduler.resume("j") is True
+        assert await scheduler.resume("j") is False
+        await scheduler.trigger("j", "once more")
+        audit = await scheduler.fleet.audit("j")
+        [record] = [r for r in await scheduler.fleet.jobs() if r.job_id == "j"]
+    assert [(a.action, a.changed) for a in audit] == [
+        ("trigger", True),
+        ("resume", False),
+        ("resume", True),
+        ("pause", False),
+        ("pause", True),
+    ]
+    first = audit[-1]
+    assert (first.who, first.note, first.at) == ("ops@laptop", "INC-42: upstream down", T0)
+    assert "@" in audit[0].who  # the default: this process's user@host
+    assert record.last_action is not None and record.last_action.action == "trigger"
+    with pytest.raises(KeyError):
+        await scheduler.fleet.pause("nope")
+
+
+async def test_a_job_shows_its_schedule_owner_and_next_due_before_its_first_run() -> None:
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+    a = Scheduler(database=db, clock=clock, owner="a")
+    b = Scheduler(database=db, clock=clock, owner="b")
+    for scheduler in (a, b):
+        scheduler.add(_noop, cron("17 3 * * *", tz="Europe/Berlin"), id="nightly", timeout=60)
+    async with a, b:
+        await clock.advance(1)
+        records = {r.job_id: r for r in await a.fleet.jobs()}
+    nightly = records["nightly"]
+    assert nightly.schedule == "cron '17 3 * * *' Europe/Berlin"
+    assert (nightly.timeout, nightly.retries) == (60.0, 0)
+    assert nightly.owner in ("a", "b") and nightly.last_owner is None
+    assert nightly.next_due == datetime(2026, 1, 1, 2, 17, tzinfo=timezone.utc)
+    assert not nightly.builtin
+
+
+async def _noop(ctx: JobContext) -> None: ...
+
+
+async def test_the_ledger_of_a_fleet_on_a_manual_clock() -> None:
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+
+    def replica(*, enabled: bool = True) -> Scheduler:
+        scheduler = Scheduler(database=db, clock=clock, owner="a")
+        scheduler.add(_noop, cron("* * * * *"), id="catch", timeout=10)
+        scheduler.add(_noop, cron("* * * * *"), id="nocatch", timeout=10, catch_up=False)
+        scheduler.add(_noop, cron("* * * * *"), id="held", timeout=10, enabled=enabled)
+        return scheduler
+
+    async with replica() as first:
+        await clock.advance(150)  # runs at 1 and 2 min
+        await first.pause("held", "INC-7", who="ops")
+        await clock.advance(60)  # 3 min: held is paused
+    await clock.advance(180)  # 4, 5, 6 min: the fleet is stopped
+    async with replica(enabled=False) as again:  # held is now declared enabled=False
+        await again.resume("held")
+        await clock.advance(120)  # 6:30 the catch-up run of 6, then 7, 8 min
+        since, until = T0, T0 + timedelta(minutes=8)
+
+        async def fates(job_id: str) -> list[tuple[int, str, str | None]]:
+            slots = await again.fleet.slots(job_id, since, until)
+            return [
+                (int((s.slot - T0).total_seconds() // 60), str(s.fate), s.reason) for s in slots
+            ]
+
+        catch, nocatch, held = await fates("catch"), await fates("nocatch"), await fates("held")
+        ledger = await again.fleet.slots("catch", since, until)
+    none = "no live replica declared the job"
+    assert catch == [
+        (1, "ran", None),
+        (2, "ran", None),
+        (3, "ran", None),
+        (4, "covered", none),
+        (5, "covered", none),
+        (6, "ran", None),
+        (7, "ran", None),
+        (8, "ran", None),
+    ]
+    assert ledger[3].run is not None and ledger[3].run.slot == T0 + timedelta(minutes=6)
+    assert [f for _, f, _ in nocatch] == ["ran"] * 3 + ["skipped"] * 3 + ["ran"] * 2
+    assert nocatch[3][2] == f"catch_up=False: the next run did not cover it ({none})"
+    assert held[2] == (3, "skipped", "paused by ops at 2026-01-01T00:02:30+00:00: INC-7")
+    assert held[6][1:] == ("skipped", "disabled: declared with enabled=False by every live replica")
+    assert Fate(held[0][1]) is Fate.RAN
+
+
+def test_status_fails_on_the_states_asked_for() -> None:
+    from ticklock._cli.errors import CommandError
+    from ticklock._cli.fleet import alarms
+
+    assert alarms("overdue,failing") == {JobState.OVERDUE, JobState.FUTURE, JobState.FAILING}
+    assert alarms("overdue") == {JobState.OVERDUE, JobState.FUTURE}  # a probe that never flaps
+    assert alarms(" failing ") == {JobState.FAILING}
+    with pytest.raises(CommandError, match="--fail-on takes overdue, failing"):
+        alarms("late")

@@ -1,0 +1,225 @@
+"""The ledger's rules, one row each: the slots a schedule owed and each slot's fate."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ticklock import cron, every
+from ticklock._fleet import Action, Fate, RunRecord
+from ticklock._ledger import Records, Span, account
+from ticklock._spec import Spec, from_json, to_json
+
+T0 = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def spec(trigger: object = None, *, catch_up: bool = True, enabled: bool = True) -> Spec:
+    return Spec(
+        trigger or cron("*/10 * * * *"),  # type: ignore[arg-type]
+        timeout=60.0,
+        retries=0,
+        catch_up=catch_up,
+        overdue_grace=60.0,
+        failure_threshold=1,
+        enabled=enabled,
+    )
+
+
+def run(
+    slot: float,
+    outcome: str = "success",
+    *,
+    start: float | None = None,
+    took: float = 0.1,
+    manual: bool = False,
+    owner: str = "a",
+) -> RunRecord:
+    started = at(slot if start is None else start)
+    return RunRecord(
+        job_id="j",
+        slot=at(slot),
+        started_at=started,
+        finished_at=started + timedelta(minutes=took),
+        outcome=outcome,
+        owner=owner,
+        report=None,
+        error=None if outcome == "success" else f"{outcome}!",
+        manual=manual,
+    )
+
+
+LIVE = (Span("a", at(-60), None),)
+
+
+def fates(ledger: list) -> list[tuple[float, str, str | None]]:  # type: ignore[type-arg]
+    return [((s.slot - T0).total_seconds() / 60, s.fate.value, s.reason) for s in ledger]
+
+
+def test_each_run_gives_its_slot_its_fate() -> None:
+    records = Records(
+        runs=[run(0), run(10, "failure"), run(20, "timeout"), run(30, "failure"), run(30)],
+        presence=LIVE,
+        horizon=at(-60),
+    )
+    ledger = account(spec(), records, at(0), at(30), now=at(45))
+    assert [(m, f) for m, f, _ in fates(ledger)] == [
+        (0, "ran"),
+        (10, "failed"),
+        (20, "timed out"),
+        (30, "ran"),  # a retry that succeeded
+    ]
+    assert ledger[1].run is not None and ledger[1].run.error == "failure!"
+
+
+def test_a_catch_up_run_covers_the_slots_before_it_and_names_itself() -> None:
+    down = Span("a", at(5), at(35))  # the database was unreachable
+    records = Records(
+        runs=[run(0), run(40, start=40.2)], presence=LIVE, outages=(down,), horizon=at(-60)
+    )
+    ledger = account(spec(), records, at(0), at(40), now=at(45))
+    assert fates(ledger)[1:4] == [
+        (10, "covered", "the database was unreachable (from a)"),
+        (20, "covered", "the database was unreachable (from a)"),
+        (30, "covered", "the database was unreachable (from a)"),
+    ]
+    assert ledger[1].run is not None and ledger[1].run.slot == at(40)
+
+
+def test_catch_up_false_skips_the_slots_the_next_run_did_not_cover() -> None:
+    records = Records(runs=[run(0), run(40)], presence=(Span("a", at(35), None),), horizon=at(-60))
+    ledger = account(spec(catch_up=False), records, at(0), at(40), now=at(45))
+    assert [f for _, f, _ in fates(ledger)] == ["ran", "skipped", "skipped", "skipped", "ran"]
+    reason = ledger[1].reason
+    assert reason is not None and reason.startswith("catch_up=False")
+    assert "no live replica declared the job" in reason
+
+
+@pytest.mark.parametrize(
+    ("records", "fate", "reason"),
+    [
+        (Records(runs=[run(0)], horizon=at(-60)), "missed", "no live replica declared the job"),
+        (
+            Records(
+                runs=[run(0)], presence=LIVE, outages=(Span("b", at(8), at(12)),), horizon=at(-60)
+            ),
+            "missed",
+            "the database was unreachable (from b)",
+        ),
+        (
+            Records(
+                runs=[run(0)], presence=(Span("a", at(-60), None, enabled=False),), horizon=at(-60)
+            ),
+            "skipped",
+            "disabled: declared with enabled=False by every live replica",
+        ),
+        (
+            Records(
+                runs=[run(0)],
+                presence=LIVE,
+                actions=[Action("j", "pause", "ops@host (cli)", at(5), "INC-42: upstream", True)],
+                horizon=at(-60),
+            ),
+            "skipped",
+            "paused by ops@host (cli) at 2026-12-01T03:05:00+00:00: INC-42: upstream",
+        ),
+        (
+            Records(runs=[run(0, took=15)], presence=LIVE, horizon=at(-60)),
+            "skipped",
+            "the run of 2026-12-01T03:00:00+00:00 was still running (a job never overlaps itself)",
+        ),
+        (
+            Records(runs=[run(0)], horizon=at(30)),
+            "missed",
+            "unknown: before the records of live replicas begin (retention)",
+        ),
+        (
+            Records(runs=[run(0)], presence=LIVE, horizon=at(-60)),
+            "missed",
+            "unknown: replicas a were live and declared the job, and no record explains why it "
+            "did not run (a defect: please report it)",
+        ),
+    ],
+    ids=["no-replica", "outage", "disabled", "paused", "overlap", "horizon", "unknown"],
+)
+def test_a_slot_without_a_run_says_why(records: Records, fate: str, reason: str) -> None:
+    ledger = account(spec(), records, at(0), at(10), now=at(30))
+    assert fates(ledger)[1] == (10, fate, reason)
+
+
+def test_a_resume_ends_the_pause() -> None:
+    actions = [
+        Action("j", "pause", "x", at(5), None, True),
+        Action("j", "pause", "y", at(6), "again", False),  # changed nothing: not a new pause
+        Action("j", "resume", "x", at(15), None, True),
+    ]
+    records = Records(runs=[run(0)], presence=LIVE, actions=actions, horizon=at(-60))
+    ledger = account(spec(), records, at(0), at(20), now=at(40))
+    assert [f for _, f, _ in fates(ledger)] == ["ran", "skipped", "missed"]
+    assert ledger[1].reason == "paused by x at 2026-12-01T03:05:00+00:00"
+
+
+def test_recent_and_future_slots_are_pending() -> None:
+    records = Records(runs=[run(0)], presence=LIVE, horizon=at(-60))
+    ledger = account(spec(), records, at(0), at(30), now=at(10.5))
+    assert [f for _, f, _ in fates(ledger)] == ["ran", "pending", "pending", "pending"]
+
+
+def test_every_owes_one_slot_an_interval_after_each_end_and_while_none_ran() -> None:
+    trigger = every(minutes=10)
+    # ran at 0 (ended 0.1), due 10.1, ran then; the fleet down from 20.2 to 55: the restart
+    # runs the slot due at 20.2 at 55 (catch-up), which covers those owed before its start
+    runs = [run(0), run(10.1), run(20.2, start=55)]
+    records = Records(
+        runs=runs, presence=(Span("a", at(-60), at(20.3)), Span("a", at(54), None)), horizon=at(-60)
+    )
+    ledger = account(spec(trigger), records, at(0), at(60), now=at(60))
+    rows = [(round(m, 1), f) for m, f, _ in fates(ledger)]
+    assert rows == [
+        (0, "ran"),
+        (10.1, "ran"),
+        (20.2, "ran"),
+        (30.2, "covered"),
+        (40.2, "covered"),
+        (50.2, "covered"),
+    ]
+    assert ledger[3].reason == "no live replica declared the job"
+    # after the last run ends (55.1), the next slot is due at 65.1: beyond the window
+
+
+def test_every_without_a_run_since_owes_its_interval_and_says_why() -> None:
+    records = Records(runs=[run(0)], presence=(Span("a", at(-60), at(1)),), horizon=at(-60))
+    ledger = account(spec(every(minutes=10)), records, at(0), at(35), now=at(31))
+    rows = [(round(m, 1), f) for m, f, _ in fates(ledger)]
+    assert rows == [(0, "ran"), (10.1, "missed"), (20.1, "missed"), (30.1, "pending")]
+
+
+def test_a_manual_run_covers_but_owes_no_slot() -> None:
+    records = Records(runs=[run(0), run(12, manual=True)], presence=LIVE, horizon=at(-60))
+    ledger = account(spec(catch_up=False), records, at(0), at(20), now=at(40))
+    assert [(m, f) for m, f, _ in fates(ledger)] == [(0, "ran"), (10, "covered"), (20, "missed")]
+    assert ledger[1].run is not None and ledger[1].run.manual
+
+
+def test_the_ledger_is_bounded() -> None:
+    records = Records(runs=[], presence=LIVE, horizon=at(-60))
+    ledger = account(spec(cron("* * * * *")), records, at(0), at(60 * 24 * 30), at(0), limit=50)
+    assert len(ledger) == 50
+    assert ledger[-1].slot == at(60 * 24 * 30)  # the latest of the window
+
+
+def test_a_spec_survives_its_json_and_a_foreign_one_reads_as_none() -> None:
+    for trigger in (
+        every(minutes=5, jitter=3, initial_delay=2),
+        cron("17 3 * * *", tz="Europe/Berlin"),
+    ):
+        s = spec(trigger)
+        assert from_json(to_json(s)) == s
+    assert from_json({"every": 0, "jitter": 0, "initial_delay": 0}) is None
+    assert from_json({"future": "shape"}) is None
+    assert from_json(None) is None
+    assert Fate("timed out") is Fate.TIMED_OUT

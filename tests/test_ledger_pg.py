@@ -1,0 +1,183 @@
+"""The ledger for real: a fleet that stops, a database that stops, a pause, a disabled job and
+``catch_up=False``, read back through ``fleet.slots``, ``ticklock slots`` and the counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from helpers import eventually, run_log
+from pgserver import TempPostgres
+from ticklock import JobContext, Scheduler, every
+from ticklock._fleet import Fate, SlotRecord
+from ticklock._postgres.fleet import PostgresFleet, from_connection
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+
+def declare(scheduler: Scheduler, *, enabled: bool) -> None:
+    @scheduler.job(every(0.5), id="ok")
+    async def ok(ctx: JobContext) -> None: ...
+
+    @scheduler.job(every(0.5), id="bad")
+    async def bad(ctx: JobContext) -> None:
+        raise RuntimeError("upstream said no")
+
+    @scheduler.job(every(0.5), id="slow", timeout=0.2)
+    async def slow(ctx: JobContext) -> None:
+        await anyio.sleep(5)
+
+    @scheduler.job(every(60), id="rare", timeout=1, overdue_grace=300)
+    async def rare(ctx: JobContext) -> None:
+        raise RuntimeError("rarely works")
+
+    @scheduler.job(every(0.5), id="held")
+    async def held(ctx: JobContext) -> None: ...
+
+    @scheduler.job(every(0.5), id="off", enabled=enabled)
+    async def off(ctx: JobContext) -> None: ...
+
+    @scheduler.job(every(0.5), id="catch")
+    async def catch(ctx: JobContext) -> None: ...
+
+    @scheduler.job(every(0.5), id="nocatch", catch_up=False)
+    async def nocatch(ctx: JobContext) -> None: ...
+
+
+@pytest.fixture
+def server() -> Iterator[TempPostgres]:
+    server = TempPostgres()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+def counter(reader: InMemoryMetricReader, name: str, job_id: str) -> int:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return sum(
+        int(getattr(point, "value", 0))
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+        if point.attributes == {"ticklock.job.id": job_id}
+    )
+
+
+def has(ledger: list[SlotRecord], fate: Fate, reason: str | None = None) -> bool:
+    return any(
+        s.fate is fate and (reason is None or (s.reason is not None and reason in s.reason))
+        for s in ledger
+    )
+
+
+async def test_every_fate_and_reason_happens_for_real(server: TempPostgres) -> None:
+    start = datetime.now(timezone.utc)
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+
+    env = {**os.environ, "TICKLOCK_DSN": server.dsn}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ticklock", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    async def ledger(job_id: str) -> list[SlotRecord]:
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            fleet = PostgresFleet(from_connection(conn), schema="ticklock", namespace="default")
+            return await fleet.slots(job_id, start, datetime.now(timezone.utc))
+        finally:
+            await conn.close()
+
+    def replica(*, off: bool) -> Scheduler:
+        scheduler = Scheduler(server.dsn, owner="a", meter_provider=meters)
+        declare(scheduler, enabled=off)
+        return scheduler
+
+    with run_log() as log:
+
+        async def runs(job_id: str, outcome: str, n: int) -> bool:
+            return log.outcomes(job_id).count(outcome) >= n
+
+        first = replica(off=True)  # then deployed with enabled=False
+        async with first:
+            assert await first.fleet.pause("held", "INC-42: upstream down", who="ops") is True
+            assert await first.fleet.pause("held", "again", who="ops") is False  # no change
+            await eventually(lambda: runs("catch", "success", 3), 10, "runs before the stop")
+            await eventually(lambda: runs("slow", "timeout", 2), 10, "timeouts")
+        # the fleet is stopped: the slots due meanwhile are missed, and say why
+        await anyio.sleep(4)  # a slot is pending for timeout + grace + 1 s: 2.25 s
+        stopped = await ledger("catch")
+        assert has(stopped, Fate.MISSED, "no live replica declared the job"), stopped
+
+        again = replica(off=False)
+        async with again:
+            await eventually(lambda: runs("catch", "success", 5), 10, "the catch-up run")
+            await eventually(lambda: runs("nocatch", "success", 5), 10, "nocatch again")
+            # status: a job whose last run failed is FAILING at once (not yet overdue)
+            status = await anyio.to_thread.run_sync(cli, "status")
+            assert status.returncode == 1, status
+            [rare] = [line for line in status.stdout.splitlines() if line.startswith("rare")]
+            assert "FAILING" in rare and "on a: RuntimeError: rarely works" in rare, rare
+            assert "paused by ops at" in status.stdout and "INC-42" in status.stdout
+            bogus = await anyio.to_thread.run_sync(cli, "status", "--fail-on", "late")
+            assert bogus.returncode == 2 and "--fail-on takes overdue, failing" in bogus.stderr
+            # the database stops while the replica runs: ticks fail until it answers
+            before = log.outcomes("catch").count("success")
+            await anyio.to_thread.run_sync(server.stop, "immediate")
+            await eventually(lambda: runs("catch", "error", 1), 10, "ticks failing")
+            await anyio.sleep(1.5)
+            await anyio.to_thread.run_sync(server.start)
+            await eventually(lambda: runs("catch", "success", before + 3), 30, "ticks to resume")
+
+    catch, nocatch = await ledger("catch"), await ledger("nocatch")
+    assert has(catch, Fate.RAN)
+    assert has(catch, Fate.COVERED, "no live replica declared the job"), catch
+    assert has(catch, Fate.COVERED, "the database was unreachable (from a)"), catch
+    covered = next(s for s in catch if s.fate is Fate.COVERED)
+    assert covered.run is not None and covered.run.outcome == "success"  # names its run
+    assert has(nocatch, Fate.SKIPPED, "catch_up=False"), nocatch
+    assert has(await ledger("bad"), Fate.FAILED)
+    assert has(await ledger("slow"), Fate.TIMED_OUT)
+    assert has(await ledger("held"), Fate.SKIPPED, "paused by ops at"), await ledger("held")
+    assert has(await ledger("held"), Fate.SKIPPED, "INC-42: upstream down")
+    off = await ledger("off")
+    assert has(off, Fate.RAN) and has(off, Fate.SKIPPED, "disabled: declared with enabled=False")
+
+    # the counters: owed = committed + failed + missed, per job, from the runs' own replicas
+    assert counter(reader, "ticklock.slots.missed", "catch") > 0
+    assert counter(reader, "ticklock.slots.committed", "catch") > 0
+    assert counter(reader, "ticklock.slots.failed", "bad") > 0
+    assert counter(reader, "ticklock.slots.owed", "bad") >= counter(
+        reader, "ticklock.slots.failed", "bad"
+    )
+    meters.shutdown()
+
+    # the CLI gives the same ledger, as text and as JSON
+    since = (start - timedelta(seconds=1)).isoformat()
+
+    text = await anyio.to_thread.run_sync(cli, "slots", "catch", "--since", since)
+    assert text.returncode == 0, text.stderr
+    assert "covered" in text.stdout and "the database was unreachable (from a)" in text.stdout
+    shown = await anyio.to_thread.run_sync(cli, "slots", "catch", "--since", since, "--json")
+    slots: list[dict[str, Any]] = json.loads(shown.stdout)
+    assert {"ran", "covered"} <= {s["fate"] for s in slots}
+    assert all(s["run"]["job_id"] == "catch" for s in slots if s["run"] is not None)
+    held = await anyio.to_thread.run_sync(cli, "slots", "held", "--since", since)
+    assert "paused by ops" in held.stdout and "INC-42" in held.stdout
