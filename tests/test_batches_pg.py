@@ -12,6 +12,7 @@ import pytest
 from helpers import eventually
 from ticklock import JobContext, Outcome, Scheduler, every
 from ticklock._postgres import tick
+from ticklock._postgres.schema import VERSION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -236,7 +237,7 @@ async def test_a_schema_of_version_5_is_upgraded_in_place_and_runs_batches(
         f"UPDATE {s}.schema_version SET version = 5"
     )
     assert await migrate(pg_conn, s) == "upgraded"
-    assert await pg_conn.fetchval(f"SELECT version FROM {s}.schema_version") == 6
+    assert await pg_conn.fetchval(f"SELECT version FROM {s}.schema_version") == VERSION
     data = await items(pg_conn, s + "_data")
     scheduler = Scheduler(pg_dsn, schema=s, owner="a")
     add_sweep(scheduler, data, max_batches=2)

@@ -19,7 +19,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from helpers import eventually, run_log
 from pgserver import TempPostgres
-from ticklock import JobContext, Scheduler, every
+from ticklock import JobContext, Scheduler, cron, every
 from ticklock._fleet import Fate, SlotRecord
 from ticklock._postgres.fleet import PostgresFleet, from_connection
 
@@ -41,6 +41,9 @@ def declare(scheduler: Scheduler, *, enabled: bool) -> None:
     @scheduler.job(every(60), id="rare", timeout=1, overdue_grace=300)
     async def rare(ctx: JobContext) -> None:
         raise RuntimeError("rarely works")
+
+    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), id="nightly", timeout=60)
+    async def nightly(ctx: JobContext) -> None: ...
 
     @scheduler.job(every(0.5), id="held")
     async def held(ctx: JobContext) -> None: ...
@@ -136,6 +139,14 @@ async def test_every_fate_and_reason_happens_for_real(server: TempPostgres) -> N
             [rare] = [line for line in status.stdout.splitlines() if line.startswith("rare")]
             assert "FAILING" in rare and "on a: RuntimeError: rarely works" in rare, rare
             assert "paused by ops at" in status.stdout and "INC-42" in status.stdout
+            shown = await anyio.to_thread.run_sync(cli, "status", "--json")
+            jobs = {job["job_id"]: job for job in json.loads(shown.stdout)["jobs"]}
+            nightly = jobs["nightly"]  # never ran: next due from its trigger, and its owner
+            due = cron("17 3 * * *", tz="Europe/Berlin").next_fire(datetime.now(timezone.utc))
+            assert nightly["next_due"] == due.isoformat() and nightly["owner"] == "a", nightly
+            assert nightly["schedule"] == "cron '17 3 * * *' Europe/Berlin"
+            assert jobs["held"]["last_action"]["note"] == "INC-42: upstream down"
+            assert jobs["ticklock.retention"]["builtin"] is True
             bogus = await anyio.to_thread.run_sync(cli, "status", "--fail-on", "late")
             assert bogus.returncode == 2 and "--fail-on takes overdue, failing" in bogus.stderr
             # the database stops while the replica runs: ticks fail until it answers

@@ -458,6 +458,29 @@ async def test_retention_is_a_listed_job_that_prunes_old_runs(
     assert "old" not in jobs and "new" in jobs
 
 
+async def test_retention_prunes_the_ledgers_records_with_the_history(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    clock = ManualClock(at("2020-01-01T00:00:00Z"))
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, retention=timedelta(days=1), clock=clock)
+    s = pg_schema
+    async with scheduler:
+        for age in ("3 days", "1 hour"):
+            old = f"now() - interval '{age}'"
+            await pg_conn.execute(
+                f"INSERT INTO {s}.presence (namespace, owner, started_at, since, until, jobs, "
+                f"disabled) VALUES ('default', '{age}', {old}, {old}, {old}, '{{j}}', '{{}}'); "
+                f"INSERT INTO {s}.outages (namespace, owner, since, until) "
+                f"VALUES ('default', '{age}', {old}, {old}); "
+                f"INSERT INTO {s}.audit (namespace, job_id, at, action, who, changed) "
+                f"VALUES ('default', 'j', {old}, 'pause', '{age}', true)"
+            )
+        assert (await scheduler.run_now("ticklock.retention")).outcome is Outcome.SUCCESS
+    for table, column in (("presence", "owner"), ("outages", "owner"), ("audit", "who")):
+        kept = [r[0] for r in await pg_conn.fetch(f"SELECT {column} FROM {s}.{table}")]
+        assert "3 days" not in kept and "1 hour" in kept, (table, kept)
+
+
 async def test_retention_works_off_a_backlog_batch_by_batch_and_says_so(
     pg_dsn: str, pg_schema: str, pg_conn: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
