@@ -173,7 +173,9 @@ def _run_text(slot: SlotRecord, run: RunRecord) -> str:
     if run.slot != slot.slot:  # a later run covered it
         return f"covered by the run of {_stamp(run.slot)} on {run.owner}"
     late = _late(slot)
-    return f"started {late} late on {run.owner}, took {seconds_label(run.duration)}"
+    when = "on time" if late == "0" else f"{late} late"
+    took = seconds_label(run.duration)
+    return f"started {when} on {run.owner}, took {'0 s' if took == '0' else took}"
 
 
 def _late(slot: SlotRecord) -> str:
