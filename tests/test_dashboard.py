@@ -335,7 +335,8 @@ def test_the_index_lists_every_job_with_its_state_and_the_live_replicas() -> Non
     assert re.search(r"trigger pending, asked \d+ s ago", page.body)
     shown = re.search(r'<span title="RuntimeError: x{300}">([^<]+)</span>', page.body)
     assert shown is not None and len(shown.group(1)) == 80 and shown.group(1).endswith("x…")
-    assert re.search(r'<td class="num failing">3</td>', page.body)
+    failures = '<small class="failing" title="Consecutive failures">3 failures in a row</small>'
+    assert failures in page.body
     # the replicas, and how many jobs each declares
     assert re.search(
         r'<td class="id">web-1</td>.*?<td class="num" title="purge-expired, late">2</td>',
@@ -705,12 +706,16 @@ def test_the_job_page_shows_the_slot_timeline_colored_by_fate_with_every_reason_
         ("pending", "pending", "1"),
         ("ran", "ran", "2"),
     ]
-    # readable without hovering: a table, newest first, open since a slot was missed
-    assert '<details class="slots" open>' in page.body
-    table = page.body.split('<table class="slots">', 1)[1].split("</table>", 1)[0]
+    # readable without hovering: the slots that did not run as due, and then every slot
+    notable = page.body.split("<h3>Slots that did not run as due (5)</h3>", 1)[1]
+    notable = notable.split("</table>", 1)[0]
+    fates = re.findall(r'<span class="fate f-[\w-]+">([\w ]+)</span>', notable)
+    assert fates == ["covered", "skipped", "missed", "timed out", "failed"]  # newest first
+    assert f"no live replica declared the job {ESCAPED}" in notable and "<script>" not in notable
+    table = page.body.split("<summary>Every slot, newest first (8)</summary>", 1)[1]
+    table = table.split("</table>", 1)[0]
     fates = re.findall(r'<span class="fate f-[\w-]+">([\w ]+)</span>', table)
     assert fates == ["pending", "ran", "covered", "skipped", "missed", "timed out", "failed", "ran"]
-    assert f"no live replica declared the job {ESCAPED}" in table and "<script>" not in table
     assert '<td class="num">4 s</td>' in table  # late by: actual start against the slot
     assert "covering run of" in table
     # the window: 24 h by default, as asked, bounded to a few; at most MAX_SLOTS + 1 asked
@@ -749,7 +754,7 @@ def test_the_timeline_is_bounded_and_says_why_a_job_has_none() -> None:
         calm = call(base + "/jobs/calm")
     assert busy.body.count('<rect class="slot ') == MAX_SLOTS
     assert f"the latest {MAX_SLOTS} slots of the window" in busy.body
-    assert '<details class="slots">' in busy.body  # nothing notable: the table stays closed
+    assert "did not run as due" not in busy.body  # every slot ran: no list of the others
     assert busy.body.count('<tr class="f-ran">') == MAX_SLOTS
     assert unknown.status == 200
     assert (
@@ -772,7 +777,14 @@ def test_the_timeline_places_slots_and_the_runs_that_served_them_on_one_time_axi
     assert [label for _, label in t.x_ticks] == [
         (since + (until - since) * i / 4).strftime("%H:%M") for i in range(5)
     ]
-    assert t.notable and not slot_timeline(slots[:1], since, until).notable
+    assert [row.slot.fate for row in t.notable] == [
+        Fate.COVERED,
+        Fate.SKIPPED,
+        Fate.MISSED,
+        Fate.TIMED_OUT,
+        Fate.FAILED,
+    ]
+    assert slot_timeline(slots[:1], since, until).notable == ()
     cut = slot_timeline(slots[2:], since, until, cut=True)
     assert cut.since == slots[2].slot and cut.cells[0].x == cut.plot_left
 

@@ -42,8 +42,8 @@ ORDER = (
     Fate.RAN,
 )
 """Fates in the order the legend counts them: those an operator looks into first."""
-NOTABLE = frozenset({Fate.MISSED, Fate.FAILED, Fate.TIMED_OUT})
-"""Fates that open the slot table by themselves."""
+NOTABLE = frozenset({Fate.MISSED, Fate.FAILED, Fate.TIMED_OUT, Fate.SKIPPED, Fate.COVERED})
+"""Fates of slots that did not run as due: listed above the table of every slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +93,8 @@ class Timeline:
     until: datetime
     cut: bool
     """The window held more than :data:`MAX_SLOTS` slots: the oldest are not shown."""
-    notable: bool
-    """A slot was missed, failed or timed out."""
+    notable: tuple[Row, ...]
+    """The rows of the slots that did not run as due (:data:`NOTABLE`), newest first."""
 
 
 def css(fate: Fate) -> str:
@@ -142,7 +142,7 @@ def slot_timeline(
         since,
         until,
         cut,
-        any(slot.fate in NOTABLE for slot in slots),
+        tuple(row for row in rows if row.slot.fate in NOTABLE),
     )
 
 
