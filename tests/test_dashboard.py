@@ -1613,3 +1613,26 @@ def test_behind_a_tls_terminating_proxy_actions_work_and_the_cookie_is_secure() 
     assert "secure" in {part.strip().lower() for part in (page.cookie() or "").split(";")}
     assert http.status == 403 and https.status == 303 and default_port.status == 303
     assert fleet.calls == [("pause", "late"), ("trigger", "late")]
+
+
+def test_the_documented_identify_example_audits_the_proxys_user() -> None:
+    path = Path(__file__).parent.parent / "docs" / "operations.md"
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+    [example] = [block for block in blocks if "identify=" in block]
+    fleet = sample_fleet()
+
+    class Scheduler:  # what the example calls: scheduler.dashboard(actions=True, ...)
+        def dashboard(self, **options: Any) -> ASGIApp:
+            return create_app(fleet, **options)
+
+    app = FastAPI()
+    exec(example, {"app": app, "scheduler": Scheduler()})
+    with serve(app) as base:
+        port = base.rsplit(":", 1)[1]
+        proxy = {"Host": f"ops.example.com:{port}", "Origin": f"http://ops.example.com:{port}"}
+        cookie, token = token_of(call(base + "/ticklock/jobs/late", Host=proxy["Host"]))
+        jar = f"ticklock_csrf={cookie}"
+        url = base + "/ticklock/jobs/late/pause"
+        paused = call(url, {"csrf": token}, Cookie=jar, X_Forwarded_User="alice", **proxy)
+    assert paused.status == 303
+    assert [(a.action, a.who) for a in fleet.audited] == [("pause", "alice")]
