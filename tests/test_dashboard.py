@@ -458,7 +458,17 @@ def test_what_jobs_report_raise_and_are_called_is_shown_as_text_never_as_markup(
     evil_id = '<img src=x onerror="alert(2)">'
     evil = run(evil_id, 5, 0.5, "failure", report={"html": HOSTILE}, error=HOSTILE, owner=HOSTILE)
     fleet = MemoryFleet(
-        [job(evil_id, last_error=HOSTILE, last_owner=HOSTILE, last_outcome='"><b>x</b>')],
+        [
+            job(
+                evil_id,
+                last_error=HOSTILE,
+                last_owner=HOSTILE,
+                last_outcome='"><b>x</b>',
+                owner=HOSTILE,
+                schedule=HOSTILE,
+                last_action=Action(evil_id, "pause", HOSTILE, NOW, HOSTILE, True),
+            )
+        ],
         [evil, run(evil_id, 4, 0.1, outcome=HOSTILE)],
         [Replica(HOSTILE, NOW, NOW, (HOSTILE,))],
     )
@@ -807,6 +817,7 @@ def test_a_pause_asks_for_a_note_the_audit_keeps_it_and_a_repeat_says_nothing_ch
         repeated = call(base + again.headers["location"], Cookie=jar)
         resumed, not_paused = act("resume"), act("resume", "done")
         too_long = act("pause", "x" * 501)
+        widest = act("trigger", "🛑" * 500)  # 500 characters of 4 UTF-8 bytes each
     # the index's Pause opens a form with a note field; the job page has one for every button
     row = re.search(r'<a href="/jobs/late">late</a>.*?</tr>', index.body, re.S)
     assert row is not None
@@ -820,7 +831,7 @@ def test_a_pause_asks_for_a_note_the_audit_keeps_it_and_a_repeat_says_nothing_ch
     assert 'formaction="/jobs/late/pause"' in operate.group(0)
     assert 'formaction="/jobs/late/trigger"' in operate.group(0)
     # what was done, with the note on one line, under the caller's address (no identify, no auth)
-    assert [(a.action, a.note, a.who, a.changed) for a in fleet.audited] == [
+    assert [(a.action, a.note, a.who, a.changed) for a in fleet.audited[:4]] == [
         ("pause", "INC-42: upstream down", "dashboard (127.0.0.1)", True),
         ("pause", None, "dashboard (127.0.0.1)", False),
         ("resume", None, "dashboard (127.0.0.1)", True),
@@ -840,7 +851,8 @@ def test_a_pause_asks_for_a_note_the_audit_keeps_it_and_a_repeat_says_nothing_ch
     assert resumed.headers["location"] == "/jobs/late?done=resumed"
     assert not_paused.headers["location"] == "/jobs/late?done=not-paused"
     assert too_long.status == 400 and "the note is longer than 500 characters" in too_long.body
-    assert len(fleet.audited) == 4  # the long note was refused before the fleet was asked
+    assert widest.status == 303 and fleet.audited[4].note == "🛑" * 500
+    assert len(fleet.audited) == 5  # the long note was refused before the fleet was asked
 
 
 def test_the_audit_names_the_user_the_app_authenticated_or_whom_identify_names() -> None:

@@ -22,7 +22,7 @@ MAX_NOTE = 500
 """Characters of an operator's note the audit keeps."""
 MAX_WHO = 200
 """Characters of a caller's name the audit keeps."""
-MAX_FORM_BYTES = 4096
+MAX_FORM_BYTES = 8192  # a note of MAX_NOTE characters, each percent-encoded UTF-8, fits
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
