@@ -727,6 +727,11 @@ def test_the_job_page_shows_the_slot_timeline_colored_by_fate_with_every_reason_
     fates = re.findall(r'<span class="fate f-[\w-]+">([\w ]+)</span>', table)
     assert fates == ["pending", "ran", "covered", "skipped", "missed", "timed out", "failed", "ran"]
     assert '<td class="num">4 s</td>' in table  # late by: actual start against the slot
+    # each mark links to its row in the table of every slot (a tap where hover is missing)
+    anchors = re.findall(r'<a href="#(slot-\d{8}T\d{6}Z)"><rect class="slot', svgs[0])
+    assert len(anchors) == 8 and len(set(anchors)) == 8
+    assert re.findall(r'<tr class="f-[\w-]+" id="(slot-[^"]+)">', table) == anchors[::-1]
+    assert ' id="slot-' not in notable  # one row per id
     assert "covering run of" in table
     # the window: 24 h by default, as asked, bounded to a few; at most MAX_SLOTS + 1 asked
     (since, until, limit), (six_since, six_until, _), _ = fleet.windows
@@ -765,7 +770,7 @@ def test_the_timeline_is_bounded_and_says_why_a_job_has_none() -> None:
     assert busy.body.count('<rect class="slot ') == MAX_SLOTS
     assert f"the latest {MAX_SLOTS} slots of the window" in busy.body
     assert "did not run as due" not in busy.body  # every slot ran: no list of the others
-    assert busy.body.count('<tr class="f-ran">') == MAX_SLOTS
+    assert busy.body.count('<tr class="f-ran" id="slot-') == MAX_SLOTS
     assert unknown.status == 200
     assert (
         "No timeline: job &#39;unknown&#39; was never declared here: its schedule is unknown."

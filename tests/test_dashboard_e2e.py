@@ -481,6 +481,13 @@ async def test_a_browser_reads_the_summary_and_the_timeline_and_pauses_a_job_wit
             assert await notable.is_visible()
             fates = [r.split("\t")[1] for r in await notable.locator("tbody tr").all_inner_texts()]
             assert fates == ["failed"] * 3
+            # a tap (a click) on a mark opens the table of every slot at the slot's row
+            await page.locator("rect.slot.f-failed").first.click()
+            await page.wait_for_url("**#slot-20261201T050000Z")
+            assert await page.locator("details.slots").get_attribute("open") is not None
+            target = page.locator("table.slots tr:target")
+            assert await target.is_visible()
+            assert (await target.inner_text()).split("\t")[:2] == ["2026-12-01T05:00:00Z", "failed"]
 
             # a job paused for an hour by someone else, and overdue since: its catch-up run
             # at the resume served the first slot late and covered the next one

@@ -57,6 +57,8 @@ class Cell:
     css: str
     label: str
     run_x: float | None
+    anchor: str
+    """The id of its row in the table of every slot: a tap on the mark goes there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ class Row:
     css: str
     late: str
     """How late its run started after the slot (``""``: no run of its own)."""
+    anchor: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,7 @@ def slot_timeline(
     )
     seen = Counter(slot.fate for slot in slots)
     counts = tuple((fate.value, css(fate), seen[fate]) for fate in ORDER if seen[fate])
-    rows = tuple(Row(slot, css(slot.fate), _late(slot)) for slot in reversed(slots))
+    rows = tuple(Row(s, css(s.fate), _late(s), anchor(s)) for s in reversed(slots))
     return Timeline(
         WIDTH,
         HEIGHT,
@@ -155,7 +158,12 @@ def _cell(slot: SlotRecord, x: Callable[[datetime], float]) -> Cell:
         Fate.COVERED: (OWED_TOP + 8, OWED_BOTTOM - OWED_TOP - 8),
     }.get(slot.fate, (OWED_TOP, OWED_BOTTOM - OWED_TOP))
     run_x = None if slot.run is None else x(slot.run.started_at)
-    return Cell(x(slot.slot), top, height, css(slot.fate), label(slot), run_x)
+    return Cell(x(slot.slot), top, height, css(slot.fate), label(slot), run_x, anchor(slot))
+
+
+def anchor(slot: SlotRecord) -> str:
+    """A slot's id in the page: ``slot-20261201T053000Z``."""
+    return "slot-" + slot.slot.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def label(slot: SlotRecord) -> str:
