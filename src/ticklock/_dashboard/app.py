@@ -126,7 +126,7 @@ def create_app(
         past={**ACTIONS, "forget": "forgotten"},
     )
     stylesheet = (TEMPLATES / "style.css").read_text()
-    time = clock or SystemClock()
+    wall = clock or SystemClock()  # what "now" is: the scheduler's clock (a ManualClock in tests)
 
     async def ask(call: Callable[[], Awaitable[T]], job_id: str | None = None) -> T:
         """``call()``; a ``KeyError`` about ``job_id`` is a 404, any other error a 503."""
@@ -141,7 +141,7 @@ def create_app(
     def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
         token = csrf_token(request) if actions else ""
         html = env.get_template(template).render(
-            links=Links(request), csrf=token, now=time.now(), **context
+            links=Links(request), csrf=token, now=wall.now(), **context
         )
         response = HTMLResponse(html, status_code=status)
         if actions and request.cookies.get(CSRF_COOKIE) != token:
@@ -169,9 +169,9 @@ def create_app(
     async def ledger(job_id: str, window: str) -> tuple[Timeline | None, str | None]:
         """The job's slot timeline over ``window``, or why there is none (its schedule is
         not in the records)."""
-        until = time.now()
+        until = wall.now()
         since = until - WINDOWS[window]
-        try:
+        try:  # one slot more than shown: whether the window held more
             slots = await ask(
                 lambda: fleet.slots(job_id, since, until, limit=MAX_SLOTS + 1), job_id
             )
@@ -254,7 +254,7 @@ def create_app(
 
     async def api_slots(request: Request) -> Response:
         job_id: str = request.path_params["job_id"]
-        until = time.now()
+        until = wall.now()
         since = until - WINDOWS[_window(request)]
         slots = await ask(lambda: fleet.slots(job_id, since, until, limit=MAX_SLOTS), job_id)
         body = {"job_id": job_id, "since": iso(since), "until": iso(until)}
