@@ -1,10 +1,12 @@
 """The dashboard over an in-memory fleet, served by a real uvicorn server on 127.0.0.1.
 
 These tests check what the dashboard does with the fleet's records: the pages and their
-escaping, the chart, the JSON, /health, the routing (also mounted in FastAPI under a prefix),
-the actions' CSRF and same-origin protection, and the answers when the fleet fails. The
-fleet's own guarantees are tested against PostgreSQL elsewhere. The last test drives the
-dashboard with a real Chromium through Playwright.
+escaping, the fleet summary, the chart and the slot timeline, the JSON, /health, the routing
+(also mounted in FastAPI under a prefix), the actions' CSRF and same-origin protection, their
+notes and who the audit names, and the answers when the fleet fails. The fleet's own guarantees
+are tested against PostgreSQL elsewhere. A few tests run the dashboard of a real local-mode
+scheduler on a ManualClock, called in process; one drives the dashboard with a real Chromium
+through Playwright.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ from urllib.parse import quote
 import pytest
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
-from ticklock import ScheduleError, Scheduler, SchedulerStateError
+from ticklock import JobContext, ScheduleError, Scheduler, SchedulerStateError, cron, every
 from ticklock._dashboard import create_app
 from ticklock._dashboard.chart import duration_chart, seconds_label
 from ticklock._dashboard.hosts import for_bind_address, host_name
-from ticklock._fleet import JobRecord, JobState, Replica, RunRecord
+from ticklock._dashboard.timeline import MAX_SLOTS, slot_timeline
+from ticklock._fleet import Action, Fate, JobRecord, JobState, Replica, RunRecord, SlotRecord
+from ticklock.testing import ManualClock
 
 UTC = timezone.utc
 NOW = datetime.now(UTC).replace(microsecond=0)  # set again before each test (below)
@@ -61,12 +66,17 @@ class MemoryFleet:
         runs: Sequence[RunRecord] = (),
         replicas: Sequence[Replica] = (),
         namespace: str = "default",
+        slots: dict[str, list[SlotRecord]] | None = None,
     ) -> None:
         self.namespace = namespace
         self._jobs = {job.job_id: job for job in jobs}
         self._runs = list(runs)
         self._replicas = list(replicas)
+        self._slots = slots or {}
         self.calls: list[tuple[str, str]] = []
+        self.audited: list[Action] = []
+        """Every operation, oldest first, with its note and who (``calls`` has action and id)."""
+        self.windows: list[tuple[datetime, datetime, int]] = []
         self.limits: list[int] = []
         self.max_texts: list[int | None] = []
         self.fail: Exception | None = None
@@ -95,29 +105,56 @@ class MemoryFleet:
             raise self.fail
         return list(self._replicas)
 
-    async def pause(self, job_id: str) -> None:
-        job = self._known(job_id)
-        self.calls.append(("pause", job_id))
-        self._jobs[job_id] = replace(job, state=JobState.PAUSED, paused_at=datetime.now(UTC))
+    def _audit(self, job_id: str, action: str, note: str | None, who: str, changed: bool) -> None:
+        self.calls.append((action, job_id))
+        done = Action(job_id, action, who, datetime.now(UTC), note, changed)
+        self.audited.append(done)
+        self._jobs[job_id] = replace(self._jobs[job_id], last_action=done)
 
-    async def resume(self, job_id: str) -> None:
+    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
         job = self._known(job_id)
-        self.calls.append(("resume", job_id))
+        changed = job.paused_at is None
+        paused_at = job.paused_at or datetime.now(UTC)
+        self._jobs[job_id] = replace(job, state=JobState.PAUSED, paused_at=paused_at)
+        self._audit(job_id, "pause", note, who, changed)
+        return changed
+
+    async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        job = self._known(job_id)
+        changed = job.paused_at is not None
         self._jobs[job_id] = replace(job, state=JobState.OK, paused_at=None)
+        self._audit(job_id, "resume", note, who, changed)
+        return changed
 
-    async def trigger(self, job_id: str) -> datetime:
+    async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
         job = self._known(job_id)
         if job.state in (JobState.DISABLED, JobState.UNDECLARED):  # as the real fleets refuse
             raise KeyError(f"no live replica runs job {job_id!r}")
-        self.calls.append(("trigger", job_id))
         at = datetime.now(UTC)
         self._jobs[job_id] = replace(job, trigger_at=at)
+        self._audit(job_id, "trigger", note, who, True)
         return at
 
-    async def forget(self, job_id: str) -> None:
+    async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
         self._known(job_id)
         self.calls.append(("forget", job_id))
         del self._jobs[job_id]
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        if self.fail is not None:
+            raise self.fail
+        done = [a for a in self.audited if job_id is None or a.job_id == job_id]
+        return done[::-1][:limit]
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = 1000
+    ) -> list[SlotRecord]:
+        self._known(job_id)
+        self.windows.append((since, until, limit))
+        if job_id not in self._slots:  # as the real fleets say of a job without a spec
+            raise KeyError(f"job {job_id!r} was never declared here: its schedule is unknown")
+        owed = [s for s in self._slots[job_id] if since <= s.slot <= until]
+        return owed[-limit:]
 
 
 def job(job_id: str, state: JobState = JobState.OK, **fields: Any) -> JobRecord:
@@ -130,6 +167,10 @@ def job(job_id: str, state: JobState = JobState.OK, **fields: Any) -> JobRecord:
         "last_owner": "web-1",
         "paused_at": None,
         "trigger_at": None,
+        "schedule": "every 15m",
+        "timeout": 60.0,
+        "retries": 0,
+        "owner": "web-1",
     }
     return JobRecord(job_id=job_id, state=state, **{**values, **fields})
 
@@ -167,6 +208,7 @@ def sample_fleet() -> MemoryFleet:
         job("off", JobState.DISABLED),
         job("skewed", JobState.FUTURE),
         job("poked", trigger_at=NOW - timedelta(seconds=5)),
+        job("broken", JobState.FAILING, consecutive_failures=1, last_outcome="failure"),
     ]
     runs = [
         run("purge-expired", 45, 0.042),
@@ -276,14 +318,15 @@ def test_the_index_lists_every_job_with_its_state_and_the_live_replicas() -> Non
     rows = re.findall(
         r'<tr class="row-(\w+)">\s*<td class="id"><a href="[^"]+">([^<]+)</a>', page.body
     )
-    assert [(job_id, state) for state, job_id in rows] == [
+    assert [(job_id, state) for state, job_id in rows] == [  # what needs a look first
+        ("broken", "failing"),
+        ("late", "overdue"),
+        ("skewed", "future"),
         ("gone", "undeclared"),
         ("held", "paused"),
-        ("late", "overdue"),
-        ("off", "disabled"),
         ("poked", "ok"),
         ("purge-expired", "ok"),
-        ("skewed", "future"),
+        ("off", "disabled"),
     ]
     for state in JobState:  # each state is a distinctly styled, labelled badge
         assert f'<span class="state state-{state.value}">{state.value.upper()}</span>' in page.body
@@ -292,7 +335,8 @@ def test_the_index_lists_every_job_with_its_state_and_the_live_replicas() -> Non
     assert re.search(r"trigger pending, asked \d+ s ago", page.body)
     shown = re.search(r'<span title="RuntimeError: x{300}">([^<]+)</span>', page.body)
     assert shown is not None and len(shown.group(1)) == 80 and shown.group(1).endswith("x…")
-    assert re.search(r'<td class="num failing">3</td>', page.body)
+    failures = '<small class="failing" title="Consecutive failures">3 failures in a row</small>'
+    assert failures in page.body
     # the replicas, and how many jobs each declares
     assert re.search(
         r'<td class="id">web-1</td>.*?<td class="num" title="purge-expired, late">2</td>',
@@ -414,7 +458,17 @@ def test_what_jobs_report_raise_and_are_called_is_shown_as_text_never_as_markup(
     evil_id = '<img src=x onerror="alert(2)">'
     evil = run(evil_id, 5, 0.5, "failure", report={"html": HOSTILE}, error=HOSTILE, owner=HOSTILE)
     fleet = MemoryFleet(
-        [job(evil_id, last_error=HOSTILE, last_owner=HOSTILE, last_outcome='"><b>x</b>')],
+        [
+            job(
+                evil_id,
+                last_error=HOSTILE,
+                last_owner=HOSTILE,
+                last_outcome='"><b>x</b>',
+                owner=HOSTILE,
+                schedule=HOSTILE,
+                last_action=Action(evil_id, "pause", HOSTILE, NOW, HOSTILE, True),
+            )
+        ],
         [evil, run(evil_id, 4, 0.1, outcome=HOSTILE)],
         [Replica(HOSTILE, NOW, NOW, (HOSTILE,))],
     )
@@ -435,6 +489,530 @@ def test_what_jobs_report_raise_and_are_called_is_shown_as_text_never_as_markup(
     assert 'class="note"' not in forged.body  # only the known notes are ever shown
     assert api.json()["runs"][1]["report"] == {"html": HOSTILE}  # JSON keeps the data as it is
     assert api.headers["x-content-type-options"] == "nosniff"
+
+
+# --- the fleet summary, the job's record, the slot timeline --------------------------------------
+
+
+def counts_of(body: str) -> list[tuple[str, int]]:
+    """The summary's counts: (state, how many), in the order shown."""
+    found = re.findall(
+        r'<span class="state state-(\w+)">\w+</span> <strong class="count">(\d+)<', body
+    )
+    return [(state, int(n)) for state, n in found]
+
+
+def test_the_summary_counts_jobs_by_state_failing_first_and_the_live_replicas() -> None:
+    with serve(create_app(sample_fleet())) as base:
+        page = call(base + "/")
+    summary = page.body.split('<section class="fleet"', 1)[1].split("</section>", 1)[0]
+    assert counts_of(summary) == [
+        ("failing", 1),
+        ("overdue", 1),
+        ("future", 1),
+        ("undeclared", 1),
+        ("paused", 1),
+        ("ok", 2),
+        ("disabled", 1),
+    ]
+    assert "<strong>8</strong> jobs" in summary
+    assert "<strong>2</strong> live replicas" in summary
+    assert "3 jobs need a look: failing, overdue or ahead" in summary
+    assert 'role="alert"' not in page.body  # replicas are live: no banner
+    assert page.body.index('<section class="fleet"') < page.body.index('<table class="jobs">')
+
+
+def test_a_banner_says_when_no_replica_is_live() -> None:
+    calm = MemoryFleet([job("a")], replicas=[])
+    with serve(create_app(calm)) as base:
+        page = call(base + "/")
+    banner = re.search(r'<p class="banner" role="alert">(.*?)</p>', page.body)
+    assert banner is not None and "No replica is live." in banner.group(1)
+    assert "no job runs until one starts" in banner.group(1)
+    assert "<strong>0</strong> live replicas" in page.body
+    assert counts_of(page.body) == [("ok", 1)] and "No job is failing or overdue." in page.body
+
+
+def test_each_job_shows_schedule_timeout_retries_owners_next_due_and_last_operation() -> None:
+    paused_by = Action(
+        "nightly", "pause", "alice@ops-1", NOW - timedelta(minutes=3), "INC-42", True
+    )
+    again = Action("sync", "pause", "bob", NOW - timedelta(minutes=1), None, False)
+    jobs = [
+        job(
+            "nightly",
+            JobState.PAUSED,
+            schedule="cron '17 3 * * *' Europe/Berlin",
+            timeout=300.0,
+            retries=2,
+            owner="web-2",
+            last_owner="web-1",
+            last_success=None,
+            last_outcome=None,
+            next_due=NOW + timedelta(hours=5, minutes=1),  # before its first run
+            paused_at=NOW - timedelta(minutes=3),
+            last_action=paused_by,
+        ),
+        job("sync", retries=1, owner=None, last_action=again),
+        job("old", schedule=None, timeout=None, retries=None),
+    ]
+    with serve(create_app(MemoryFleet(jobs))) as base:
+        index = call(base + "/")
+        page = call(base + "/jobs/nightly")
+        bare = call(base + "/jobs/old")
+
+    def row(job_id: str) -> str:
+        found = re.search(
+            rf'<tr class="row-\w+">\s*<td class="id"><a href="[^"]+">{job_id}</a>.*?</tr>',
+            index.body,
+            re.S,
+        )
+        assert found is not None
+        return found.group(0)
+
+    nightly = row("nightly")
+    assert '<code class="schedule">cron &#39;17 3 * * *&#39; Europe/Berlin</code>' in nightly
+    assert "<small>timeout 5 min · 2 retries</small>" in nightly
+    assert '<td class="owner">web-2<small>last ran on web-1</small></td>' in nightly
+    assert (NOW + timedelta(hours=5, minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ") in nightly
+    assert "in 5 h" in nightly
+    assert '<span class="act">paused by alice@ops-1</span>' in nightly
+    assert "3 min ago" in nightly and '<q class="said" title="INC-42">INC-42</q>' in nightly
+    sync = row("sync")
+    assert "timeout 1 min · 1 retry" in sync
+    assert '<span class="warn" title="No live replica declares it">none live</span>' in sync
+    assert '<span class="act">paused by bob</span> <span class="warn">no change</span>' in sync
+    assert 'title="No replica recorded its declaration">unknown</span>' in row("old")
+    record = page.body.split('<dl class="record">', 1)[1].split("</dl>", 1)[0]
+    for term, shown in (
+        ("Schedule", "cron &#39;17 3 * * *&#39; Europe/Berlin"),
+        ("Timeout", "5 min"),
+        ("Retries", "2"),
+        ("Owner", "web-2 <small>runs its next slot</small>"),
+        ("Last owner", "web-1"),
+        ("Last operation", "paused by alice@ops-1"),
+    ):
+        assert re.search(rf"<dt>{term}</dt><dd>[^\n]*{re.escape(shown)}", record), term
+    assert "in 5 h" in record.split("<dt>Next due</dt>", 1)[1].split("</dd>", 1)[0]
+    assert bare.status == 200 and "<dt>Timeout</dt><dd>—</dd>" in bare.body
+
+
+def test_built_in_jobs_are_labelled_and_offer_no_pause_and_a_pause_of_one_is_refused() -> None:
+    retention = job("ticklock.retention", builtin=True)
+    held = job("ticklock.held", JobState.PAUSED, builtin=True, paused_at=NOW)
+    fleet = MemoryFleet([retention, held, job("mine")])
+    with serve(create_app(fleet, actions=True)) as base:
+        index = call(base + "/")
+        page = call(base + "/jobs/ticklock.retention")
+        cookie, token = token_of(page)
+        jar = f"ticklock_csrf={cookie}"
+        refused = call(
+            base + "/jobs/ticklock.retention/pause", {"csrf": token}, Origin=base, Cookie=jar
+        )
+        resumed = call(
+            base + "/jobs/ticklock.held/resume", {"csrf": token}, Origin=base, Cookie=jar
+        )
+    rows = re.findall(
+        r'<tr class="row-\w+">\s*<td class="id"><a href="[^"]+">([^<]+)</a>(.*?)</tr>',
+        index.body,
+        re.S,
+    )
+    by_id = dict(rows)
+    # by state (paused first), then the operators' jobs before ticklock's own
+    assert list(by_id) == ["ticklock.held", "mine", "ticklock.retention"]
+    assert (
+        '<span class="builtin"' in by_id["ticklock.retention"]
+        and "built-in" in by_id["ticklock.retention"]
+    )
+    assert '<span class="builtin"' not in by_id["mine"]
+    assert (
+        "btn-pause" not in by_id["ticklock.retention"]
+        and "btn-trigger" in by_id["ticklock.retention"]
+    )
+    assert "btn-resume" in by_id["ticklock.held"]  # a paused one can still be resumed
+    assert "btn-pause" in by_id["mine"]
+    assert "btn-pause" not in page.body and "<dt>Built-in</dt>" in page.body
+    assert "(1 built-in)" not in index.body and "(2 built-in)" in index.body
+    assert refused.status == 403 and "one of ticklock&#39;s own jobs" in refused.body
+    assert resumed.status == 303
+    assert fleet.calls == [("resume", "ticklock.held")]
+
+
+def slot(
+    minutes_ago: float, fate: Fate, reason: str | None = None, ran: RunRecord | None = None
+) -> SlotRecord:
+    return SlotRecord(NOW - timedelta(minutes=minutes_ago), fate, reason, ran)
+
+
+def ledger(job_id: str) -> list[SlotRecord]:
+    """A slot of each fate, oldest first, every 10 minutes up to 10 minutes ago."""
+    late = run(job_id, 60, 0.5)
+    late = replace(
+        late,
+        started_at=late.started_at + timedelta(seconds=4),
+        finished_at=late.finished_at + timedelta(seconds=4),
+    )
+    catch_up = run(job_id, 20, 1.0)
+    return [
+        slot(60, Fate.RAN, None, late),
+        slot(50, Fate.FAILED, None, run(job_id, 50, 0.2, "failure", error="boom")),
+        slot(40, Fate.TIMED_OUT, None, run(job_id, 40, 60.0, "timeout")),
+        slot(35, Fate.MISSED, f"no live replica declared the job {HOSTILE}"),
+        slot(30, Fate.SKIPPED, "paused by alice at 2026-12-01T10:00:00+00:00: INC-42"),
+        slot(25, Fate.COVERED, "the database was unreachable (from web-1)", catch_up),
+        slot(20, Fate.RAN, None, catch_up),
+        slot(10, Fate.PENDING),
+    ]
+
+
+def test_the_job_page_shows_the_slot_timeline_colored_by_fate_with_every_reason_as_text() -> None:
+    fleet = MemoryFleet([job("sync")], slots={"sync": ledger("sync")})
+    with serve(create_app(fleet)) as base:
+        page = call(base + "/jobs/sync")
+        six = call(base + "/jobs/sync?window=6h")
+        bad = call(base + "/jobs/sync?window=forever")
+        api = call(base + "/api/jobs/sync/slots?window=6h")
+    assert page.status == 200
+    svgs = re.findall(r'<figure class="timeline">\s*(<svg.*?</svg>)', page.body, re.S)
+    assert len(svgs) == 1
+    marks = re.findall(
+        r'<rect class="slot f-([\w-]+)" x="([\d.]+)" y="([\d.]+)" width="[\d.]+" '
+        r'height="([\d.]+)"><title>([^<]*)</title>',
+        svgs[0],
+    )
+    assert [m[0] for m in marks] == [
+        "ran",
+        "failed",
+        "timed-out",
+        "missed",
+        "skipped",
+        "covered",
+        "ran",
+        "pending",
+    ]
+    xs = [float(m[1]) for m in marks]
+    assert xs == sorted(xs) and len(set(xs)) == len(xs)  # oldest on the left, in time order
+    heights = {m[0]: float(m[3]) for m in marks}
+    assert heights["missed"] > heights["ran"] > heights["skipped"]  # told apart by shape too
+    titles = {m[0]: m[4] for m in marks[::-1]}  # of the first slot of each fate
+    assert titles["missed"].endswith(f"missed · no live replica declared the job {ESCAPED}")
+    assert "started 4 s late on web-1, took 500 ms" in titles["ran"]
+    assert (
+        "covered by the run of" in titles["covered"]
+        and "database was unreachable" in titles["covered"]
+    )
+    assert "paused by alice" in titles["skipped"] and "INC-42" in titles["skipped"]
+    # a line joins each slot to the run that served it (its own, or the covering one)
+    assert svgs[0].count('<line class="served"') == 5
+    legend = re.findall(
+        r'<span class="legend f-([\w-]+)">([\w ]+) <strong>(\d+)</strong>', page.body
+    )
+    assert legend == [
+        ("missed", "missed", "1"),
+        ("failed", "failed", "1"),
+        ("timed-out", "timed out", "1"),
+        ("skipped", "skipped", "1"),
+        ("covered", "covered", "1"),
+        ("pending", "pending", "1"),
+        ("ran", "ran", "2"),
+    ]
+    # readable without hovering: the slots that did not run as due, and then every slot
+    notable = page.body.split("<h3>Slots that did not run as due (5)</h3>", 1)[1]
+    notable = notable.split("</table>", 1)[0]
+    fates = re.findall(r'<span class="fate f-[\w-]+">([\w ]+)</span>', notable)
+    assert fates == ["covered", "skipped", "missed", "timed out", "failed"]  # newest first
+    assert f"no live replica declared the job {ESCAPED}" in notable and "<script>" not in notable
+    table = page.body.split("<summary>Every slot, newest first (8)</summary>", 1)[1]
+    table = table.split("</table>", 1)[0]
+    fates = re.findall(r'<span class="fate f-[\w-]+">([\w ]+)</span>', table)
+    assert fates == ["pending", "ran", "covered", "skipped", "missed", "timed out", "failed", "ran"]
+    assert '<td class="num">4 s</td>' in table  # late by: actual start against the slot
+    # each mark links to its row in the table of every slot (a tap where hover is missing)
+    anchors = re.findall(r'<a href="#(slot-\d{8}T\d{6}Z)"><rect class="slot', svgs[0])
+    assert len(anchors) == 8 and len(set(anchors)) == 8
+    assert re.findall(r'<tr class="f-[\w-]+" id="(slot-[^"]+)">', table) == anchors[::-1]
+    assert ' id="slot-' not in notable  # one row per id
+    assert "covering run of" in table
+    # the window: 24 h by default, as asked, bounded to a few; at most MAX_SLOTS + 1 asked
+    (since, until, limit), (six_since, six_until, _), _ = fleet.windows
+    assert until - since == timedelta(days=1) and six_until - six_since == timedelta(hours=6)
+    assert limit == MAX_SLOTS + 1 and abs(until - datetime.now(UTC)) < timedelta(seconds=10)
+    assert six.status == 200 and 'aria-current="page">6h</a>' in six.body
+    assert bad.status == 400 and "window must be one of 1h, 6h, 24h, 7d" in bad.body
+    body = api.json()
+    assert [s["fate"] for s in body["slots"]] == [
+        "ran",
+        "failed",
+        "timed out",
+        "missed",
+        "skipped",
+        "covered",
+        "ran",
+        "pending",
+    ]
+    assert body["slots"][3]["reason"] == f"no live replica declared the job {HOSTILE}"
+    assert (
+        body["slots"][1]["run"]["error"] == "boom" and body["slots"][0]["run"]["job_id"] == "sync"
+    )
+    since, until = (datetime.fromisoformat(body[key]) for key in ("since", "until"))
+    assert until - since == timedelta(hours=6)
+
+
+def test_the_timeline_is_bounded_and_says_why_a_job_has_none() -> None:
+    many = [slot(600 - i, Fate.RAN, None, run("busy", 600 - i, 0.1)) for i in range(MAX_SLOTS + 50)]
+    fleet = MemoryFleet(
+        [job("busy"), job("unknown"), job("calm")], slots={"busy": many, "calm": []}
+    )
+    with serve(create_app(fleet)) as base:
+        busy = call(base + "/jobs/busy")
+        unknown = call(base + "/jobs/unknown")
+        calm = call(base + "/jobs/calm")
+    assert busy.body.count('<rect class="slot ') == MAX_SLOTS
+    assert f"the latest {MAX_SLOTS} slots of the window" in busy.body
+    assert "did not run as due" not in busy.body  # every slot ran: no list of the others
+    assert busy.body.count('<tr class="f-ran" id="slot-') == MAX_SLOTS
+    assert unknown.status == 200
+    assert (
+        "No timeline: job &#39;unknown&#39; was never declared here: its schedule is unknown."
+        in unknown.body
+    )
+    assert calm.status == 200 and "No slot was owed in the last 24h." in calm.body
+
+
+def test_the_timeline_places_slots_and_the_runs_that_served_them_on_one_time_axis() -> None:
+    slots = ledger("j")
+    since, until = NOW - timedelta(minutes=70), NOW
+    t = slot_timeline(slots, since, until)
+    assert t.cells[0].x == pytest.approx(t.plot_left + (t.plot_right - t.plot_left) / 7, abs=0.1)
+    assert t.cells[-1].x < t.plot_right
+    covered, own = t.cells[5], t.cells[6]
+    assert covered.run_x == own.run_x == own.x  # the catch-up run started at its own slot
+    assert t.cells[0].run_x is not None and t.cells[0].run_x > t.cells[0].x  # started 4 s late
+    assert t.cells[3].run_x is None and t.cells[7].run_x is None  # missed, pending: no run
+    assert [label for _, label in t.x_ticks] == [
+        (since + (until - since) * i / 4).strftime("%H:%M") for i in range(5)
+    ]
+    assert [row.slot.fate for row in t.notable] == [
+        Fate.COVERED,
+        Fate.SKIPPED,
+        Fate.MISSED,
+        Fate.TIMED_OUT,
+        Fate.FAILED,
+    ]
+    assert slot_timeline(slots[:1], since, until).notable == ()
+    cut = slot_timeline(slots[2:], since, until, cut=True)
+    assert cut.since == slots[2].slot and cut.cells[0].x == cut.plot_left
+
+
+def test_a_pause_asks_for_a_note_the_audit_keeps_it_and_a_repeat_says_nothing_changed() -> None:
+    fleet = sample_fleet()
+    with serve(create_app(fleet, actions=True)) as base:
+        index = call(base + "/")
+        page = call(base + "/jobs/late")
+        cookie, token = token_of(page)
+        jar = f"ticklock_csrf={cookie}"
+
+        def act(action: str, note: str | None = None) -> Answer:
+            form = {"csrf": token, "back": "job"} | ({} if note is None else {"note": note})
+            return call(f"{base}/jobs/late/{action}", form, Origin=base, Cookie=jar)
+
+        paused = act("pause", "  INC-42:\n upstream   down ")
+        after = call(base + paused.headers["location"], Cookie=jar)
+        again = act("pause", "")
+        repeated = call(base + again.headers["location"], Cookie=jar)
+        resumed, not_paused = act("resume"), act("resume", "done")
+        too_long = act("pause", "x" * 501)
+        widest = act("trigger", "🛑" * 500)  # 500 characters of 4 UTF-8 bytes each
+    # the index's Pause opens a form with a note field; the job page has one for every button
+    row = re.search(r'<a href="/jobs/late">late</a>.*?</tr>', index.body, re.S)
+    assert row is not None
+    ask = re.search(
+        r'<details class="ask">\s*<summary[^>]*>Pause…</summary>(.*?)</details>', row.group(0), re.S
+    )
+    assert ask is not None and 'action="/jobs/late/pause"' in ask.group(1)
+    assert '<input type="text" name="note" maxlength="500"' in ask.group(1)
+    operate = re.search(r'<form method="post" class="operate".*?</form>', page.body, re.S)
+    assert operate is not None and 'name="note"' in operate.group(0)
+    assert 'formaction="/jobs/late/pause"' in operate.group(0)
+    assert 'formaction="/jobs/late/trigger"' in operate.group(0)
+    # what was done, with the note on one line, under the caller's address (no identify, no auth)
+    assert [(a.action, a.note, a.who, a.changed) for a in fleet.audited[:4]] == [
+        ("pause", "INC-42: upstream down", "dashboard (127.0.0.1)", True),
+        ("pause", None, "dashboard (127.0.0.1)", False),
+        ("resume", None, "dashboard (127.0.0.1)", True),
+        ("resume", "done", "dashboard (127.0.0.1)", False),
+    ]
+    assert paused.headers["location"] == "/jobs/late?done=paused"
+    assert 'role="status">Paused: late</p>' in after.body
+    audit = after.body.split('<table class="audit">', 1)[1].split("</table>", 1)[0]
+    assert re.search(
+        r"<td>paused</td>\s*<td>dashboard \(127.0.0.1\)</td>\s*"
+        r'<td class="said">INC-42: upstream down</td>',
+        audit,
+    )
+    assert again.headers["location"] == "/jobs/late?done=already-paused"
+    assert 'role="status">late was already paused: nothing changed.</p>' in repeated.body
+    assert '<td>paused <span class="warn">no change</span></td>' in repeated.body
+    assert resumed.headers["location"] == "/jobs/late?done=resumed"
+    assert not_paused.headers["location"] == "/jobs/late?done=not-paused"
+    assert too_long.status == 400 and "the note is longer than 500 characters" in too_long.body
+    assert widest.status == 303 and fleet.audited[4].note == "🛑" * 500
+    assert len(fleet.audited) == 5  # the long note was refused before the fleet was asked
+
+
+def test_the_audit_names_the_user_the_app_authenticated_or_whom_identify_names() -> None:
+    from starlette.applications import Starlette
+    from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.requests import HTTPConnection
+    from starlette.routing import Mount
+
+    class ByHeader(AuthenticationBackend):
+        async def authenticate(
+            self, conn: HTTPConnection
+        ) -> tuple[AuthCredentials, SimpleUser] | None:
+            user = conn.headers.get("x-user")
+            return None if user is None else (AuthCredentials(["ops"]), SimpleUser(user))
+
+    fleet = sample_fleet()
+    authenticated = Starlette(
+        routes=[Mount("/ticklock", create_app(fleet, actions=True))],
+        middleware=[Middleware(AuthenticationMiddleware, backend=ByHeader())],
+    )
+    named = sample_fleet()
+    identified = create_app(named, actions=True, identify=lambda r: r.headers.get("x-operator"))
+    with serve(authenticated) as base, serve(identified) as other:
+        for root, target in ((base + "/ticklock", base), (other, other)):
+            cookie, token = token_of(call(root + "/jobs/late"))
+            jar = f"ticklock_csrf={cookie}"
+            for who in ({"X_User": "alice"}, {"X_Operator": "carol"}, {}):
+                answer = call(
+                    root + "/jobs/late/trigger", {"csrf": token}, Origin=target, Cookie=jar, **who
+                )
+                assert answer.status == 303
+    assert [a.who for a in fleet.audited] == [
+        "alice",
+        "dashboard (127.0.0.1)",
+        "dashboard (127.0.0.1)",
+    ]
+    assert [a.who for a in named.audited] == [
+        "dashboard (127.0.0.1)",
+        "carol",
+        "dashboard (127.0.0.1)",
+    ]
+
+
+async def asgi(
+    app: ASGIApp, path: str, form: dict[str, str] | None = None, **headers: str
+) -> Answer:
+    """GET ``path`` of ``app`` (or POST ``form``) in this event loop, as from 127.0.0.1 to
+    ``localhost``: for an app whose fleet lives in this loop (a scheduler on a ManualClock)."""
+    data = b"" if form is None else urllib.parse.urlencode(form).encode()
+    sent = {"host": "localhost", **{k.replace("_", "-").lower(): v for k, v in headers.items()}}
+    if form is not None:
+        sent["content-type"] = "application/x-www-form-urlencoded"
+    route, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET" if form is None else "POST",
+        "scheme": "http",
+        "path": urllib.parse.unquote(route),
+        "raw_path": route.encode(),
+        "root_path": "",
+        "query_string": query.encode(),
+        "headers": [(k.encode(), v.encode()) for k, v in sent.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("localhost", 80),
+    }
+    messages: list[dict[str, Any]] = []
+    asked = [{"type": "http.request", "body": data, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return asked.pop(0) if asked else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await app(scope, receive, send)  # type: ignore[arg-type]
+    start, *body = messages
+    answer_headers = email.message.Message()
+    for name, value in start["headers"]:
+        answer_headers[name.decode()] = value.decode()
+    text = b"".join(m.get("body", b"") for m in body).decode()
+    return Answer(start["status"], answer_headers, text)
+
+
+@pytest.mark.anyio
+async def test_a_local_schedulers_dashboard_shows_its_ledger_and_a_pause_with_its_note() -> None:
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    clock = ManualClock(start)
+    scheduler = Scheduler(clock=clock, owner="web-1")
+
+    @scheduler.job(cron("*/30 * * * *", tz="Europe/Berlin"), id="billing", timeout=60)
+    async def billing(ctx: JobContext) -> None:
+        if ctx.slot == start + timedelta(hours=1):
+            raise RuntimeError("upstream answered 502")
+
+    @scheduler.job(every(minutes=10), id="feed", timeout=30)
+    async def feed(ctx: JobContext) -> None:
+        return None
+
+    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), id="nightly")
+    async def nightly(ctx: JobContext) -> None:
+        return None
+
+    app = scheduler.dashboard(actions=True)
+    async with scheduler:
+        await clock.advance(3600)  # 01:00: billing's slot of 01:00 failed
+        index = await asgi(app, "/")
+        page = await asgi(app, "/jobs/feed")
+        cookie, token = token_of(page)
+        jar = f"ticklock_csrf={cookie}"
+        form = {"csrf": token, "back": "job", "note": "INC-42: upstream down"}
+        paused = await asgi(app, "/jobs/feed/pause", form, Origin="http://localhost", Cookie=jar)
+        again = await asgi(app, "/jobs/feed/pause", form, Origin="http://localhost", Cookie=jar)
+        await clock.advance(1800)  # half an hour passes with feed paused
+        feed_page = await asgi(app, "/jobs/feed?window=1h")
+        billing_page = await asgi(app, "/jobs/billing?window=1h")
+        audit = await scheduler.fleet.audit("feed")
+    # the summary and the rows: the failing job first, each with its schedule and owner
+    assert counts_of(index.body) == [("failing", 1), ("ok", 2)]
+    assert "<strong>1</strong> live replica<" in index.body and 'role="alert"' not in index.body
+    rows = re.findall(
+        r'<tr class="row-(\w+)">\s*<td class="id"><a href="[^"]+">([^<]+)</a>', index.body
+    )
+    assert rows == [("failing", "billing"), ("ok", "feed"), ("ok", "nightly")]
+    nightly_row = index.body.split(">nightly</a>", 1)[1].split("</tr>", 1)[0]
+    assert (
+        "cron &#39;17 3 * * *&#39; Europe/Berlin" in nightly_row and "timeout 5 min" in nightly_row
+    )
+    assert "2026-12-01T02:17:00Z" in nightly_row  # next due, before its first run (03:17 CET)
+    assert '<td class="owner">web-1</td>' in nightly_row
+    # the pause, its note and who made it, in the audit and in the ledger's reasons
+    assert paused.headers["location"] == "/jobs/feed?done=paused"
+    assert again.headers["location"] == "/jobs/feed?done=already-paused"
+    assert [(a.action, a.who, a.note, a.changed) for a in audit] == [
+        ("pause", "dashboard (127.0.0.1)", "INC-42: upstream down", False),
+        ("pause", "dashboard (127.0.0.1)", "INC-42: upstream down", True),
+    ]
+    marks = re.findall(r'<rect class="slot f-([\w-]+)"[^>]*><title>([^<]*)</title>', feed_page.body)
+    # 00:30 to 01:00 ran (01:00 before the pause), 01:10 and 01:20 were paused, 01:30 is due
+    assert [fate for fate, _ in marks] == ["ran"] * 4 + ["skipped"] * 2 + ["pending"]
+    reason = "paused by dashboard (127.0.0.1) at 2026-12-01T01:00:00+00:00: INC-42: upstream down"
+    assert [title for _, title in marks[4:6]] == [
+        f"2026-12-01T01:10:00Z · skipped · {reason}",
+        f"2026-12-01T01:20:00Z · skipped · {reason}",
+    ]
+    billing_marks = re.findall(
+        r'<rect class="slot f-([\w-]+)"[^>]*><title>([^<]*)</title>', billing_page.body
+    )
+    assert [fate for fate, _ in billing_marks] == ["ran", "failed", "ran"]  # 00:30, 01:00, 01:30
+    assert billing_marks[1][1].startswith(
+        "2026-12-01T01:00:00Z · failed · started on time on web-1"
+    )
+    assert "upstream answered 502" in billing_page.body  # the run's error, in its history
 
 
 # --- JSON and health ---------------------------------------------------------------------------
@@ -466,7 +1044,14 @@ def test_the_json_api_gives_the_same_data_with_iso_datetimes_and_state_strings()
         "trigger_at",
         "last_batches",
         "last_capped",
+        "schedule",
+        "timeout",
+        "retries",
+        "owner",
+        "builtin",
+        "last_action",
     }
+    assert by_id["poked"]["schedule"] == "every 15m" and by_id["poked"]["owner"] == "web-1"
     assert runs["job_id"] == "purge-expired" and len(runs["runs"]) == 2 and fleet.limits == [2]
     newest = runs["runs"][0]
     assert newest["manual"] is True and newest["duration"] == pytest.approx(0.2)
@@ -478,7 +1063,7 @@ def test_the_json_api_gives_the_same_data_with_iso_datetimes_and_state_strings()
     assert datetime.fromisoformat(replicas["replicas"][1]["seen_at"]) == NOW - timedelta(seconds=1)
 
 
-def test_health_is_503_while_a_job_is_overdue_or_in_the_future_and_200_otherwise() -> None:
+def test_health_is_503_while_a_job_is_failing_overdue_or_in_the_future_and_200_otherwise() -> None:
     calm = MemoryFleet(
         [
             job("a"),
@@ -487,7 +1072,14 @@ def test_health_is_503_while_a_job_is_overdue_or_in_the_future_and_200_otherwise
             job("d", JobState.DISABLED),
         ]
     )
-    late = MemoryFleet([job("a"), job("late", JobState.OVERDUE), job("ahead", JobState.FUTURE)])
+    late = MemoryFleet(
+        [
+            job("a"),
+            job("late", JobState.OVERDUE),
+            job("ahead", JobState.FUTURE),
+            job("broken", JobState.FAILING),
+        ]
+    )
     empty = MemoryFleet([])
     with serve(create_app(calm)) as ok_base, serve(create_app(late)) as late_base:
         ok = call(ok_base + "/health")
@@ -500,14 +1092,16 @@ def test_health_is_503_while_a_job_is_overdue_or_in_the_future_and_200_otherwise
         "jobs": 4,
         "overdue": [],
         "future": [],
+        "failing": [],
     }
     assert bad.status == 503
     assert bad.json() == {
         "ok": False,
         "namespace": "default",
-        "jobs": 3,
+        "jobs": 4,
         "overdue": ["late"],
         "future": ["ahead"],
+        "failing": ["broken"],
     }
     assert nothing.status == 200 and nothing.json()["jobs"] == 0
 
@@ -1036,3 +1630,26 @@ def test_behind_a_tls_terminating_proxy_actions_work_and_the_cookie_is_secure() 
     assert "secure" in {part.strip().lower() for part in (page.cookie() or "").split(";")}
     assert http.status == 403 and https.status == 303 and default_port.status == 303
     assert fleet.calls == [("pause", "late"), ("trigger", "late")]
+
+
+def test_the_documented_identify_example_audits_the_proxys_user() -> None:
+    path = Path(__file__).parent.parent / "docs" / "operations.md"
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+    [example] = [block for block in blocks if "identify=" in block]
+    fleet = sample_fleet()
+
+    class Scheduler:  # what the example calls: scheduler.dashboard(actions=True, ...)
+        def dashboard(self, **options: Any) -> ASGIApp:
+            return create_app(fleet, **options)
+
+    app = FastAPI()
+    exec(example, {"app": app, "scheduler": Scheduler()})
+    with serve(app) as base:
+        port = base.rsplit(":", 1)[1]
+        proxy = {"Host": f"ops.example.com:{port}", "Origin": f"http://ops.example.com:{port}"}
+        cookie, token = token_of(call(base + "/ticklock/jobs/late", Host=proxy["Host"]))
+        jar = f"ticklock_csrf={cookie}"
+        url = base + "/ticklock/jobs/late/pause"
+        paused = call(url, {"csrf": token}, Cookie=jar, X_Forwarded_User="alice", **proxy)
+    assert paused.status == 303
+    assert [(a.action, a.who) for a in fleet.audited] == [("pause", "alice")]

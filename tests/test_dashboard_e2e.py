@@ -1,13 +1,17 @@
-"""The dashboard in a real browser against a real fleet (issue 16).
+"""The dashboard in a real browser against a real fleet (issues 16 and 25).
 
-Replica ``web-1`` is a real uvicorn serving ``ops_app.create_app()``: a FastAPI app whose
-lifespan runs the scheduler and that mounts ``scheduler.dashboard(actions=True)`` at
+PostgreSQL: replica ``web-1`` is a real uvicorn serving ``ops_app.create_app()``: a FastAPI app
+whose lifespan runs the scheduler and that mounts ``scheduler.dashboard(actions=True)`` at
 ``/ticklock``. Replica ``worker-1`` is a plain ``ticklock run`` process of the same scheduler.
 Both share a real PostgreSQL; headless Chromium, driven by Playwright, clicks the buttons.
 What the fleet did is read from the database: each handler logs its run there.
 
-``TICKLOCK_UPDATE_SCREENSHOT=1 pytest tests/test_dashboard_e2e.py -k screenshot`` rewrites
-``docs/dashboard.png`` from a real job page.
+In memory: two schedulers sharing a ``MemoryDatabase`` on a ``ManualClock`` live through a
+virtual day in a second; uvicorn serves ``web-1``'s dashboard in the same event loop, and
+Chromium reads the fleet summary and the slot timeline, and pauses a job with a note.
+
+``TICKLOCK_UPDATE_SCREENSHOT=1 pytest tests/test_dashboard_e2e.py -k summary`` rewrites
+``docs/dashboard.png`` (the jobs) and ``docs/dashboard-job.png`` (a job's page) from it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,15 +39,19 @@ import pytest
 from helpers import Replicas, eventually
 from ops_app import HOSTILE_ERROR, HOSTILE_REPORT
 from test_operations import BOUND, MARGIN, db_now, job_row, last_run, wait_live, wait_run
+from ticklock import JobContext, Scheduler, cron, every
 from ticklock._dashboard import create_app
+from ticklock.testing import ManualClock, MemoryDatabase
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
+    from starlette.types import ASGIApp
 
-pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+pytestmark = [pytest.mark.anyio]
 CHROMIUM = shutil.which("chromium")
-SCREENSHOT = Path(__file__).parent.parent / "docs" / "dashboard.png"
-"""Written by the screenshot test when ``TICKLOCK_UPDATE_SCREENSHOT`` is set (not on every run:
+DOCS = Path(__file__).parent.parent / "docs"
+SCREENSHOTS = {"index": DOCS / "dashboard.png", "job": DOCS / "dashboard-job.png"}
+"""Written by the summary test when ``TICKLOCK_UPDATE_SCREENSHOT`` is set (not on every run:
 a test run leaves the working tree as it found it)."""
 OWNERS = {"web-1", "worker-1"}
 STEADY = "reports.refresh-cache"
@@ -118,7 +126,8 @@ async def browser_page() -> AsyncIterator[tuple[Page, list[str]]]:
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = await browser.new_page(viewport={"width": 1200, "height": 800})
+            context = await browser.new_context(viewport={"width": 1200, "height": 800})
+            page = await context.new_page()  # the context can open a second tab
             page.on("dialog", on_dialog)
             page.on(
                 "console",
@@ -164,6 +173,7 @@ async def runs_by_owner(conn: Any, schema: str, job: str) -> dict[str, int]:
     return {row["owner"]: row["n"] for row in rows}
 
 
+@pytest.mark.postgres
 async def test_a_browser_pauses_resumes_and_triggers_jobs_on_both_replicas(
     fleet: Fleet, pg_conn: Any
 ) -> None:
@@ -231,6 +241,7 @@ async def test_a_browser_pauses_resumes_and_triggers_jobs_on_both_replicas(
     assert problems == []
 
 
+@pytest.mark.postgres
 async def test_hostile_output_is_text_a_post_without_the_token_is_refused_and_a_screenshot(
     fleet: Fleet, pg_conn: Any, tmp_path: Path
 ) -> None:
@@ -312,11 +323,10 @@ async def test_hostile_output_is_text_a_post_without_the_token_is_refused_and_a_
         shot = tmp_path / "dashboard.png"
         await page.screenshot(path=str(shot), full_page=True)
         assert shot.read_bytes().startswith(b"\x89PNG")
-        if os.environ.get("TICKLOCK_UPDATE_SCREENSHOT"):  # the docs' picture, on request only
-            shutil.copyfile(shot, SCREENSHOT)
     assert problems == []
 
 
+@pytest.mark.asyncio_only  # Playwright's async API runs on asyncio
 @pytest.mark.parametrize("spread", [timedelta(minutes=5), timedelta(days=2)], ids=["5min", "2d"])
 async def test_the_chart_axis_labels_are_drawn_inside_the_chart(spread: timedelta) -> None:
     # Over an in-memory fleet (the labels depend only on the runs' times): every label of the
@@ -346,3 +356,210 @@ async def test_the_chart_axis_labels_are_drawn_inside_the_chart(spread: timedelt
                     "right of the chart's edge: it is cut off"
                 )
     assert problems == []
+
+
+# --- in memory: the fleet summary, the slot timeline, a pause with a note ------------------------
+
+START = datetime(2026, 12, 1, tzinfo=timezone.utc)
+END = START + timedelta(days=1, minutes=31)
+"""The virtual instant the browser looks at: a day and a half hour of runs behind."""
+FAILED_SLOTS = {
+    START + timedelta(hours=5),
+    START + timedelta(hours=5, minutes=30),
+    END - timedelta(minutes=1),
+}
+FEED_BROKEN = START + timedelta(hours=22)
+"""From here on every run of FEED fails: by END it is overdue."""
+
+
+def declare(scheduler: Scheduler) -> None:
+    """The jobs each in-memory replica declares."""
+
+    @scheduler.job(every(minutes=15), id=STEADY, timeout=60)
+    async def refresh(ctx: JobContext) -> dict[str, int]:
+        return {"entries": 120}
+
+    @scheduler.job(cron("*/30 * * * *", tz="Europe/Berlin"), id=BILLING, retries=1)
+    async def invoices(ctx: JobContext) -> dict[str, int]:
+        if ctx.slot in FAILED_SLOTS:
+            raise ConnectionError("billing API answered 502 Bad Gateway")
+        return {"invoices": 7}
+
+    @scheduler.job(every(minutes=20), id=FEED)
+    async def parse(ctx: JobContext) -> None:
+        if ctx.slot >= FEED_BROKEN:
+            raise ValueError("feed: unexpected end of document at line 1")
+
+    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), id=RARE)
+    async def reindex(ctx: JobContext) -> None:
+        return None
+
+
+@asynccontextmanager
+async def served(app: ASGIApp) -> AsyncIterator[str]:
+    """``app`` on a real uvicorn server in this event loop (its fleet lives here), on a socket
+    bound here."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, lifespan="off", ws="none", log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+
+            async def started() -> bool:
+                return server.started
+
+            await eventually(started, 10, "uvicorn to start")
+            try:
+                yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+            finally:
+                server.should_exit = True
+    finally:
+        sock.close()
+
+
+async def titles(page: Page, fate: str) -> list[str]:
+    """The tooltips of the timeline's marks of ``fate`` (as a class name: ``timed-out``)."""
+    return await page.locator(f"figure.timeline rect.slot.f-{fate} title").all_text_contents()
+
+
+@pytest.mark.asyncio_only  # Playwright's async API runs on asyncio
+async def test_a_browser_reads_the_summary_and_the_timeline_and_pauses_a_job_with_a_note(
+    tmp_path: Path,
+) -> None:
+    if CHROMIUM is None:
+        pytest.skip("no `chromium` executable on PATH (Debian: apt-get install chromium)")
+    clock = ManualClock(START)
+    db = MemoryDatabase()
+    web = Scheduler(database=db, clock=clock, owner="web-1")
+    worker = Scheduler(database=db, clock=clock, owner="worker-1")
+    for scheduler in (web, worker):
+        declare(scheduler)
+    async with web, worker:
+        await clock.advance(timedelta(hours=14))
+        assert await web.pause(FEED, "INC-41: the feed's provider rate-limits us", who="alice@ops")
+        await clock.advance(timedelta(hours=1))
+        assert await web.resume(FEED, "INC-41: limits lifted", who="alice@ops")
+        await clock.advance(END - clock.now())
+        async with served(web.dashboard(actions=True)) as base, browser_page() as (page, problems):
+            # the summary: failing and overdue first, counted; both replicas live
+            await page.set_viewport_size({"width": 1440, "height": 900})
+            await page.goto(base + "/")
+            counts = await page.locator("ul.counts li").all_inner_texts()
+            assert counts == ["4 jobs", "FAILING 1", "OVERDUE 1", "OK 2", "2 live replicas"]
+            assert await page.locator(".banner").count() == 0
+            ids = await page.locator("table.jobs tbody td.id a").all_inner_texts()
+            assert ids == [BILLING, FEED, RARE, STEADY]
+            row = page.locator("tr", has=page.get_by_role("link", name=RARE, exact=True))
+            assert (
+                "cron '17 3 * * *' Europe/Berlin" in await row.locator("td.schedule").inner_text()
+            )
+            assert "2026-12-02T02:17:00Z" in await row.inner_text()  # next due
+            feed_row = page.locator("tr", has=page.get_by_role("link", name=FEED, exact=True))
+            assert "resumed by alice@ops" in await feed_row.locator("td.audit").inner_text()
+            await shoot(page, tmp_path, "index")
+
+            # the timeline of a job that failed: each slot's fate, coloured, with its reason
+            await page.get_by_role("link", name=BILLING, exact=True).click()
+            await page.wait_for_url(f"{base}/jobs/{quote(BILLING, safe='')}")
+            failed = await titles(page, "failed")
+            assert [t.split(" · ")[0] for t in failed] == [
+                "2026-12-01T05:00:00Z",
+                "2026-12-01T05:30:00Z",
+                "2026-12-02T00:30:00Z",
+            ]
+            assert len(await titles(page, "ran")) == 48 - 3  # the day's half hours, from 00:31
+            colour = await page.locator("rect.slot.f-failed").first.evaluate(
+                "e => getComputedStyle(e).fill"
+            )
+            assert colour == "rgb(213, 94, 0)"  # the stylesheet loaded under the CSP
+            # readable without hovering: the slots that did not run as due, newest first
+            notable = page.locator("table.slots").first
+            assert await notable.is_visible()
+            fates = [r.split("\t")[1] for r in await notable.locator("tbody tr").all_inner_texts()]
+            assert fates == ["failed"] * 3
+            # a tap (a click) on a mark opens the table of every slot at the slot's row
+            await page.locator("rect.slot.f-failed").first.click()
+            await page.wait_for_url("**#slot-20261201T050000Z")
+            assert await page.locator("details.slots").get_attribute("open") is not None
+            target = page.locator("table.slots tr:target")
+            assert await target.is_visible()
+            assert (await target.inner_text()).split("\t")[:2] == ["2026-12-01T05:00:00Z", "failed"]
+
+            # a job paused for an hour by someone else, and overdue since: its catch-up run
+            # at the resume served the first slot late and covered the next one
+            await page.goto(f"{base}/jobs/{quote(FEED, safe='')}")
+            reason = (
+                "paused by alice@ops at 2026-12-01T14:00:00+00:00: "
+                "INC-41: the feed's provider rate-limits us"
+            )
+            [late] = [t for t in await titles(page, "ran") if t.startswith("2026-12-01T14:20")]
+            assert "· ran · started 40 min late on " in late, late
+            [covered] = await titles(page, "covered")
+            assert covered.startswith("2026-12-01T14:40:00Z · covered · covered by the run of ")
+            assert covered.endswith(reason), covered
+            assert len(await titles(page, "failed")) == 8  # 22:00 to 00:20, every 20 minutes
+            audit = await page.locator("table.audit tbody tr").all_inner_texts()
+            assert [r.split("\t")[1:] for r in audit] == [
+                ["resumed", "alice@ops", "INC-41: limits lifted"],
+                ["paused", "alice@ops", "INC-41: the feed's provider rate-limits us"],
+            ]
+            await shoot(page, tmp_path, "job")
+
+            # a pause with a note; a second tab, still showing Pause, pauses again: no change
+            job_url = f"{base}/jobs/{quote(STEADY, safe='')}"
+            stale = await page.context.new_page()
+            await stale.goto(job_url)
+            await page.goto(job_url)
+            form = page.locator(".summary form.operate")
+            await form.get_by_label("Note for the audit log").fill("INC-42: upstream down")
+            await form.get_by_role("button", name="Pause").click()
+            await page.wait_for_url("**?done=paused")
+            assert await page.get_by_role("status").inner_text() == f"Paused: {STEADY}"
+            assert await page.locator(".summary .state").inner_text() == "PAUSED"
+            first = await page.locator("table.audit tbody tr").first.inner_text()
+            assert first.split("\t")[1:] == [
+                "paused",
+                "dashboard (127.0.0.1)",
+                "INC-42: upstream down",
+            ]
+            await stale.locator(".summary").get_by_role("button", name="Pause").click()
+            await stale.wait_for_url("**?done=already-paused")
+            said = await stale.get_by_role("status").inner_text()
+            assert said == f"{STEADY} was already paused: nothing changed."
+            assert await stale.locator("table.audit td .warn").inner_text() == "no change"
+
+            # an hour later its slots are skipped, and say why, with the note
+            await clock.advance(timedelta(hours=1))
+            await page.goto(job_url + "?window=6h")
+            skipped = await titles(page, "skipped")
+            reason = (
+                f"paused by dashboard (127.0.0.1) at {(END).isoformat()}: INC-42: upstream down"
+            )
+            assert [t.split(" · ")[0] for t in skipped] == [
+                "2026-12-02T00:45:00Z",
+                "2026-12-02T01:00:00Z",
+                "2026-12-02T01:15:00Z",
+            ]
+            assert all(t.endswith(reason) for t in skipped), skipped
+            await page.goto(base + "/")
+            counts = await page.locator("ul.counts li").all_inner_texts()
+            assert "PAUSED 1" in counts
+    assert problems == []
+    assert [(a.action, a.who, a.note, a.changed) for a in await web.fleet.audit(STEADY)] == [
+        ("pause", "dashboard (127.0.0.1)", None, False),  # the second tab's note was empty
+        ("pause", "dashboard (127.0.0.1)", "INC-42: upstream down", True),
+    ]
+
+
+async def shoot(page: Page, tmp_path: Path, name: str) -> None:
+    """A screenshot of the page's top 1440×900 pixels; copied into docs/ when
+    ``TICKLOCK_UPDATE_SCREENSHOT`` is set."""
+    shot = tmp_path / f"{name}.png"
+    await page.screenshot(path=str(shot), clip={"x": 0, "y": 0, "width": 1440, "height": 900})
+    assert shot.read_bytes().startswith(b"\x89PNG")
+    if os.environ.get("TICKLOCK_UPDATE_SCREENSHOT"):  # the docs' pictures, on request only
+        shutil.copyfile(shot, SCREENSHOTS[name])

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
+    from starlette.requests import Request
 
 F = TypeVar("F", bound=Handler)
 
@@ -305,17 +306,30 @@ class Scheduler:
         return await self._fleet.trigger(id, note, who=who)
 
     def dashboard(
-        self, *, actions: bool = False, allowed_hosts: Iterable[str] | None = None
+        self,
+        *,
+        actions: bool = False,
+        allowed_hosts: Iterable[str] | None = None,
+        identify: Callable[[Request], str | None] | None = None,
     ) -> Starlette:
-        """An ASGI app showing this scheduler's jobs, their history and the live replicas:
-        ``app.mount("/ticklock", scheduler.dashboard())``. ``actions=True`` adds pause,
-        resume and trigger buttons (POST, with a CSRF token). ``allowed_hosts`` lists the
-        host names the dashboard answers (``"ops.example.com"``, ``"*.example.com"``, ``"*"``);
-        without it pages answer any host and actions only ``localhost``. Needs
-        ``ticklock[dashboard]``."""
+        """An ASGI app showing this scheduler's jobs, their slots and history, the operations
+        made on them and the live replicas: ``app.mount("/ticklock", scheduler.dashboard())``.
+        ``actions=True`` adds pause (with a note), resume and trigger buttons (POST, with a
+        CSRF token). ``allowed_hosts`` lists the host names the dashboard answers
+        (``"ops.example.com"``, ``"*.example.com"``, ``"*"``); without it pages answer any host
+        and actions only ``localhost``. ``identify(request)`` names the caller of an action for
+        the audit log; by default the ``display_name`` of the user Starlette's
+        ``AuthenticationMiddleware`` authenticated, else ``dashboard (<client address>)``.
+        Needs ``ticklock[dashboard]``."""
         from ._dashboard import create_app
 
-        return create_app(self._fleet, actions=actions, allowed_hosts=allowed_hosts)
+        return create_app(
+            self._fleet,
+            actions=actions,
+            allowed_hosts=allowed_hosts,
+            identify=identify,
+            clock=self._clock,
+        )
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
         """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""

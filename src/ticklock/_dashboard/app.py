@@ -2,10 +2,12 @@
 
 HTML pages (Jinja2, autoescaped; no JavaScript), the same data as JSON, ``/health`` for probes,
 and, only when enabled, POST actions protected by an allowed ``Host`` (:mod:`.hosts`), a
-double-submit CSRF token and a same-origin check. Every link is built with ``request.url_for``,
-so the app works mounted under a prefix. Every answer is bounded: a run's report and error are
-read and shown cut to :data:`MAX_TEXT` characters, a job's last error in a tooltip to
-:data:`TOOLTIP`, and a history to :data:`MAX_LIMIT` runs.
+double-submit CSRF token and a same-origin check, audited under the caller's name as the
+mounting app identifies it. Every link is built with ``request.url_for``, so the app works
+mounted under a prefix. Every answer is bounded: a run's report and error are read and shown
+cut to :data:`MAX_TEXT` characters, a job's last error in a tooltip to :data:`TOOLTIP`, a
+history to :data:`MAX_LIMIT` runs, a slot timeline to :data:`~.timeline.MAX_SLOTS` slots and
+the audit to :data:`AUDIT` operations.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime, timezone
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
 
 import jinja2
 from starlette.applications import Starlette
@@ -26,33 +27,61 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from .._caps import cut_text
+from .._caps import cut_text, shorten_report
+from .._clock import Clock, SystemClock
 from .._errors import describe
-from .._fleet import Fleet, JobState, job_json, json_text, replica_json, run_json
+from .._fleet import (
+    Fleet,
+    JobState,
+    RunRecord,
+    SlotRecord,
+    iso,
+    job_json,
+    json_text,
+    replica_json,
+    run_json,
+    slot_json,
+)
 from . import hosts
 from .chart import duration_chart, seconds_label
+from .filters import ago, cut, json_value, when
 from .guard import (
     CSRF_COOKIE,
     CSRF_FIELD,
     SECURITY_HEADERS,
     Headers,
+    Identify,
     Problem,
+    caller,
     csrf_token,
     foreign,
     read_form,
+    read_note,
     same_origin,
 )
+from .links import Links
+from .summary import ALARMS, by_urgency, fleet_summary
+from .timeline import DEFAULT_WINDOW, MAX_SLOTS, WINDOWS, Timeline, slot_timeline
 
 logger = logging.getLogger("ticklock")
 
 TEMPLATES = Path(__file__).parent / "templates"
 ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}  # action: its note
+UNCHANGED = {"pause": "already-paused", "resume": "not-paused"}  # a repeat that changed nothing
+NOTES = {
+    "paused": "Paused: {job}",
+    "resumed": "Resumed: {job}",
+    "triggered": "Triggered: {job}",
+    "already-paused": "{job} was already paused: nothing changed.",
+    "not-paused": "{job} was not paused: nothing changed.",
+}
+"""What the page says after an action (``?done=...&job=...``): only these are ever shown."""
+AUDIT = 20  # operations a job page lists
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 MAX_TEXT = 500
 """Characters of a run's report (as JSON) or error that a page or a JSON answer holds; a longer
 report comes as the marker object ``{"cut_by_ticklock": true, ...}``."""
 TOOLTIP = 500  # characters of a job's last error in the jobs page's tooltip
-UNHEALTHY = (JobState.OVERDUE, JobState.FUTURE)
 T = TypeVar("T")
 
 
@@ -62,14 +91,21 @@ def create_app(
     actions: bool = False,
     title: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
+    identify: Identify | None = None,
+    clock: Clock | None = None,
 ) -> Starlette:
-    """An ASGI app showing ``fleet``'s jobs, their run history and the live replicas.
+    """An ASGI app showing ``fleet``'s jobs, their slots and run history, the operations made
+    on them and the live replicas.
 
-    Read-only unless ``actions`` is true, which adds Pause, Resume and Trigger buttons (POST,
-    with a CSRF token and a same-origin check). ``allowed_hosts`` (names, ``*.example.com``,
-    ``*``) is what the request's ``Host`` must name for any answer; by default pages answer
-    any host and actions only ``localhost``, ``127.0.0.1`` and ``::1``. ``title`` defaults to
-    ``ticklock · <namespace>``. Mount it in an application, or serve it on its own::
+    Read-only unless ``actions`` is true, which adds Pause (with a note), Resume and Trigger
+    buttons (POST, with a CSRF token and a same-origin check). Each operation is audited under
+    ``identify(request)``: by default the user an ``AuthenticationMiddleware`` of the mounting
+    app authenticated, else ``dashboard (<client address>)`` (see :func:`.guard.caller`).
+    ``allowed_hosts`` (names, ``*.example.com``, ``*``) is what the request's ``Host`` must name
+    for any answer; by default pages answer any host and actions only ``localhost``,
+    ``127.0.0.1`` and ``::1``. ``title`` defaults to ``ticklock · <namespace>``. ``clock`` (the
+    scheduler's) says what "now" is for the timeline and the "3 min ago" labels. Mount it in an
+    application, or serve it on its own::
 
         app.mount("/ticklock", create_app(fleet, allowed_hosts=["ops.example.com"]))
     """
@@ -82,11 +118,15 @@ def create_app(
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=_when, ago=_ago, seconds=seconds_label, json=_json_text, cut=_cut)
+    env.filters.update(when=when, ago=ago, seconds=seconds_label, json=json_value, cut=cut)
     env.globals.update(
-        title=title or f"ticklock · {fleet.namespace}", actions=actions, tooltip=TOOLTIP
+        title=title or f"ticklock · {fleet.namespace}",
+        actions=actions,
+        tooltip=TOOLTIP,
+        past={**ACTIONS, "forget": "forgotten"},
     )
     stylesheet = (TEMPLATES / "style.css").read_text()
+    wall = clock or SystemClock()  # what "now" is: the scheduler's clock (a ManualClock in tests)
 
     async def ask(call: Callable[[], Awaitable[T]], job_id: str | None = None) -> T:
         """``call()``; a ``KeyError`` about ``job_id`` is a 404, any other error a 503."""
@@ -101,7 +141,7 @@ def create_app(
     def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
         token = csrf_token(request) if actions else ""
         html = env.get_template(template).render(
-            links=_Links(request), csrf=token, now=datetime.now(timezone.utc), **context
+            links=Links(request), csrf=token, now=wall.now(), **context
         )
         response = HTMLResponse(html, status_code=status)
         if actions and request.cookies.get(CSRF_COOKIE) != token:
@@ -116,10 +156,30 @@ def create_app(
         return response
 
     async def index(request: Request) -> Response:
-        jobs = await ask(fleet.jobs)
+        jobs = by_urgency(await ask(fleet.jobs))
         replicas = await ask(fleet.replicas)
-        context: dict[str, Any] = {"jobs": jobs, "replicas": replicas, "note": _note(request)}
-        return page(request, "index.html", refresh_url=_Links(request).index(), **context)
+        context: dict[str, Any] = {
+            "jobs": jobs,
+            "replicas": replicas,
+            "summary": fleet_summary(jobs, replicas),
+            "note": _note(request),
+        }
+        return page(request, "index.html", refresh_url=Links(request).index(), **context)
+
+    async def ledger(job_id: str, window: str) -> tuple[Timeline | None, str | None]:
+        """The job's slot timeline over ``window``, or why there is none (its schedule is
+        not in the records)."""
+        until = wall.now()
+        since = until - WINDOWS[window]
+        try:  # one slot more than shown: whether the window held more
+            slots = await ask(
+                lambda: fleet.slots(job_id, since, until, limit=MAX_SLOTS + 1), job_id
+            )
+        except Problem as problem:
+            if problem.status != 404:
+                raise
+            return None, problem.message
+        return slot_timeline(slots[-MAX_SLOTS:], since, until, len(slots) > MAX_SLOTS), None
 
     async def job(request: Request) -> Response:
         job_id: str = request.path_params["job_id"]
@@ -127,14 +187,26 @@ def create_app(
         record = next((j for j in await ask(fleet.jobs) if j.job_id == job_id), None)
         if record is None:
             raise Problem(404, f"unknown job: {job_id}")
+        window = _window(request)
         runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
+        timeline, gap = await ledger(job_id, window)
+        audit = await ask(lambda: fleet.audit(job_id, AUDIT), job_id)
         context: dict[str, Any] = {
             "job": record,
             "runs": runs,
             "chart": duration_chart(runs),
             "limit": limit,
+            "window": window,
+            "windows": WINDOWS,
+            "timeline": timeline,
+            "gap": gap,
+            "audit": audit,
         }
-        again = _Links(request).job(job_id, limit=None if limit == DEFAULT_LIMIT else limit)
+        again = Links(request).job(
+            job_id,
+            limit=None if limit == DEFAULT_LIMIT else limit,
+            window=None if window == DEFAULT_WINDOW else window,
+        )
         return page(request, "job.html", refresh_url=again, note=_note(request), **context)
 
     async def act(request: Request) -> Response:
@@ -154,13 +226,20 @@ def create_app(
         sent = form.get(CSRF_FIELD, "")
         if not cookie or not hmac.compare_digest(cookie.encode(), sent.encode()):
             raise Problem(403, "refused: missing or invalid CSRF token; reload the page")
+        note = read_note(form)
+        who = caller(request, identify)
+        if action == "pause":
+            jobs = await ask(fleet.jobs)
+            if any(j.job_id == job_id and j.builtin for j in jobs):
+                raise Problem(403, f"refused: {job_id} is one of ticklock's own jobs")
         operation = {"pause": fleet.pause, "resume": fleet.resume, "trigger": fleet.trigger}[action]
-        await ask(lambda: operation(job_id), job_id)
-        links = _Links(request)
+        changed = await ask(lambda: operation(job_id, note, who=who), job_id)
+        done = ACTIONS[action] if changed is not False else UNCHANGED[action]
+        links = Links(request)
         if form.get("back") == "index":
-            target = links.index(done=ACTIONS[action], job=job_id)
+            target = links.index(done=done, job=job_id)
         else:
-            target = links.job(job_id, done=ACTIONS[action])
+            target = links.job(job_id, done=done)
         return RedirectResponse(target, status_code=303)
 
     async def api_jobs(request: Request) -> Response:
@@ -171,9 +250,15 @@ def create_app(
         job_id: str = request.path_params["job_id"]
         limit = _limit(request)
         runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
-        return _json(
-            {"job_id": job_id, "runs": [{"job_id": r.job_id, **run_json(r)} for r in runs]}
-        )
+        return _json({"job_id": job_id, "runs": [run_json(r) for r in runs]})
+
+    async def api_slots(request: Request) -> Response:
+        job_id: str = request.path_params["job_id"]
+        until = wall.now()
+        since = until - WINDOWS[_window(request)]
+        slots = await ask(lambda: fleet.slots(job_id, since, until, limit=MAX_SLOTS), job_id)
+        body = {"job_id": job_id, "since": iso(since), "until": iso(until)}
+        return _json({**body, "slots": [slot_json(_short(slot)) for slot in slots]})
 
     async def api_replicas(request: Request) -> Response:
         replicas = await ask(fleet.replicas)
@@ -184,11 +269,12 @@ def create_app(
     async def health(request: Request) -> Response:
         jobs = await ask(fleet.jobs)
         body = {
-            "ok": not any(j.state in UNHEALTHY for j in jobs),
+            "ok": not any(j.state in ALARMS for j in jobs),
             "namespace": fleet.namespace,
             "jobs": len(jobs),
             "overdue": [j.job_id for j in jobs if j.state is JobState.OVERDUE],
             "future": [j.job_id for j in jobs if j.state is JobState.FUTURE],
+            "failing": [j.job_id for j in jobs if j.state is JobState.FAILING],
         }
         return _json(body, status=200 if body["ok"] else 503)
 
@@ -238,6 +324,7 @@ def create_app(
         Route("/health", guarded(health), name="health"),
         Route("/api/jobs", guarded(api_jobs), name="api_jobs"),
         Route("/api/jobs/{job_id:path}/runs", guarded(api_runs), name="api_runs"),
+        Route("/api/jobs/{job_id:path}/slots", guarded(api_slots), name="api_slots"),
         Route("/api/replicas", guarded(api_replicas), name="api_replicas"),
         Route("/jobs/{job_id:path}/{action}", guarded(act), methods=["POST"], name="action"),
         Route("/jobs/{job_id:path}", guarded(job), name="job"),
@@ -248,54 +335,6 @@ def create_app(
         Exception: problem,
     }
     return Starlette(routes=routes, middleware=[Middleware(Headers)], exception_handlers=handlers)
-
-
-class _Links:
-    """The dashboard's URLs for one request: paths under wherever the app is mounted.
-
-    Job ids are percent-encoded whole (``/`` included), so ids with slashes, spaces or
-    non-ASCII characters round-trip through the ``{job_id:path}`` routes.
-    """
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-
-    def _path(self, name: str, query: dict[str, Any] | None = None, **params: str) -> str:
-        path = self._request.url_for(name, **params).path
-        query = {k: v for k, v in (query or {}).items() if v is not None}
-        return f"{path}?{urlencode(query)}" if query else path
-
-    def index(self, **query: Any) -> str:
-        """The jobs page; ``query`` becomes its query string."""
-        return self._path("index", query)
-
-    def job(self, job_id: str, **query: Any) -> str:
-        """A job's page."""
-        return self._path("job", query, job_id=quote(job_id, safe=""))
-
-    def action(self, job_id: str, action: str) -> str:
-        """Where a job's Pause, Resume or Trigger form posts."""
-        return self._path("action", job_id=quote(job_id, safe=""), action=action)
-
-    def runs(self, job_id: str, **query: Any) -> str:
-        """A job's runs as JSON."""
-        return self._path("api_runs", query, job_id=quote(job_id, safe=""))
-
-    def style(self) -> str:
-        """The stylesheet."""
-        return self._path("style")
-
-    def api_jobs(self) -> str:
-        """Every job as JSON."""
-        return self._path("api_jobs")
-
-    def api_replicas(self) -> str:
-        """The live replicas as JSON."""
-        return self._path("api_replicas")
-
-    def health(self) -> str:
-        """The health probe."""
-        return self._path("health")
 
 
 def _limit(request: Request) -> int:
@@ -309,13 +348,34 @@ def _limit(request: Request) -> int:
         raise Problem(400, "limit must be a whole number") from None
 
 
+def _window(request: Request) -> str:
+    """``?window=``: how far back the slot timeline reaches, one of :data:`WINDOWS`."""
+    window = request.query_params.get("window", DEFAULT_WINDOW)
+    if window not in WINDOWS:
+        raise Problem(400, f"window must be one of {', '.join(WINDOWS)}")
+    return window
+
+
 def _note(request: Request) -> str | None:
-    """The note after an action (``?done=paused&job=...``): only the known verbs are shown."""
-    done = request.query_params.get("done", "")
-    if done not in ACTIONS.values():
+    """The note after an action (``?done=paused&job=...``): only the known ones are shown."""
+    text = NOTES.get(request.query_params.get("done", ""))
+    if text is None:
         return None
     job_id = request.query_params.get("job") or request.path_params.get("job_id")
-    return f"{done.capitalize()}: {job_id}" if job_id else f"{done.capitalize()}."
+    return text.format(job=job_id) if job_id else text.format(job="the job")
+
+
+def _short(slot: SlotRecord) -> SlotRecord:
+    """``slot`` with its run's report and error cut as a page shows them."""
+    run = slot.run
+    if run is None:
+        return slot
+    return replace(slot, run=_cut_run(run))
+
+
+def _cut_run(run: RunRecord) -> RunRecord:
+    error = None if run.error is None else cut_text(run.error, len(run.error), MAX_TEXT)
+    return replace(run, report=shorten_report(run.report, MAX_TEXT), error=error)
 
 
 def _unknown(exc: KeyError, job_id: str) -> str:
@@ -335,33 +395,3 @@ def _unavailable(exc: Exception) -> str:
 def _json(body: Any, status: int = 200) -> Response:
     """JSON, with anything JSON cannot hold (a report of an in-process fleet) as its ``str``."""
     return Response(json_text(body), status_code=status, media_type="application/json")
-
-
-def _cut(text: str | None, limit: int) -> str:
-    """``text`` in at most ``limit`` characters (``""`` for none), marked where it is cut."""
-    return "" if text is None else cut_text(text, len(text), limit)
-
-
-def _json_text(value: Any) -> str:
-    """A report as JSON text for a page (autoescaped there like any text); ``""`` for none."""
-    return "" if value is None else json_text(value)
-
-
-def _when(when: datetime | None) -> str:
-    """An instant as ISO 8601 in UTC, to the second: ``2026-11-29T20:45:07Z``."""
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if when else ""
-
-
-def _ago(when: datetime | None, now: datetime) -> str:
-    """``when`` relative to ``now``, in one rounded unit: ``3 min ago``, ``in 20 s``."""
-    if when is None:
-        return ""
-    seconds = (now - when).total_seconds()
-    size = abs(seconds)
-    if size < 1:
-        return "now"
-    unit, per = next(
-        (u, p) for u, p in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)) if size >= p
-    )
-    text = f"{int(size // per)} {unit}"
-    return f"{text} ago" if seconds > 0 else f"in {text}"

@@ -1,11 +1,12 @@
 """What a request must be for the dashboard to answer it: the security headers on every
 response, the allowed ``Host`` (:mod:`.hosts` says which), the double-submit CSRF token and
-the same-origin check of an action, and a bounded form."""
+the same-origin check of an action, a bounded form, and who the caller is for the audit."""
 
 from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from starlette.datastructures import MutableHeaders
@@ -16,7 +17,12 @@ from .._caps import cut_text
 
 CSRF_COOKIE = "ticklock_csrf"
 CSRF_FIELD = "csrf"
-MAX_FORM_BYTES = 4096
+NOTE_FIELD = "note"
+MAX_NOTE = 500
+"""Characters of an operator's note the audit keeps."""
+MAX_WHO = 200
+"""Characters of a caller's name the audit keeps."""
+MAX_FORM_BYTES = 8192  # a note of MAX_NOTE characters, each percent-encoded UTF-8, fits
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
@@ -28,6 +34,10 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",  # pages carry a CSRF token and live state
 }
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) returns
+_SPACE = re.compile(r"\s+")
+
+Identify = Callable[[Request], str | None]
+"""Who made a request, for the audit log: a name, or ``None`` for the default (:func:`caller`)."""
 
 
 class Problem(Exception):
@@ -116,3 +126,27 @@ async def read_form(request: Request) -> dict[str, str]:
             raise Problem(413, "form too large")
     fields = parse_qs(body.decode("ascii", "replace"), max_num_fields=20)
     return {name: values[0] for name, values in fields.items()}
+
+
+def read_note(form: dict[str, str]) -> str | None:
+    """The operator's note of an action: one line, trimmed; ``None`` for none."""
+    note = _SPACE.sub(" ", form.get(NOTE_FIELD, "")).strip()
+    if len(note) > MAX_NOTE:
+        raise Problem(400, f"the note is longer than {MAX_NOTE} characters: shorten it")
+    return note or None
+
+
+def caller(request: Request, identify: Identify | None) -> str:
+    """Who the audit log names for ``request``: what ``identify`` says; by default (or when it
+    says ``None``) the ``display_name`` of the user an ``AuthenticationMiddleware`` of the
+    mounting app authenticated, else ``dashboard (<client address>)``."""
+    who = identify(request) if identify is not None else None
+    if not who or not who.strip():
+        user = request.scope.get("user")  # set only by Starlette's AuthenticationMiddleware
+        if user is not None and getattr(user, "is_authenticated", False):
+            who = str(getattr(user, "display_name", "") or "")
+    if not who or not who.strip():
+        host = request.client.host if request.client is not None else "unknown address"
+        who = f"dashboard ({host})"
+    who = _SPACE.sub(" ", who).strip()
+    return cut_text(who, len(who), MAX_WHO)
