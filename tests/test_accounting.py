@@ -3,12 +3,18 @@ operations, the owner and next due, and the ledger of a fleet on a MemoryDatabas
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from ticklock import JobContext, Scheduler, cron, every
+from ticklock._coordination import FleetState
 from ticklock._fleet import Fate, JobState
+from ticklock._job import Job, Outcome, RunResult
+from ticklock._plan import unattempted
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
@@ -159,3 +165,74 @@ def test_status_fails_on_the_states_asked_for() -> None:
     assert alarms(" failing ") == {JobState.FAILING}
     with pytest.raises(CommandError, match="--fail-on takes overdue, failing"):
         alarms("late")
+
+
+def _points(reader: InMemoryMetricReader, job_id: str) -> dict[str, int]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        metric.name.removeprefix("ticklock.slots."): int(getattr(point, "value", 0))
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name.startswith("ticklock.slots.")
+        for point in metric.data.data_points
+        if point.attributes == {"ticklock.job.id": job_id}
+    }
+
+
+async def _failing(ctx: JobContext) -> None:
+    raise RuntimeError("always")
+
+
+async def test_the_slot_counters_count_each_slot_once_with_its_fate() -> None:
+    reader = InMemoryMetricReader()
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, meter_provider=MeterProvider(metric_readers=[reader]))
+    # retries that do not fit before the next slot (10 + 20 + 40 s > 60 s): the slot's last
+    # attempt is its second, and it counts as failed
+    scheduler.add(_failing, cron("* * * * *"), id="bad", timeout=5, retries=3, retry_backoff=10)
+    scheduler.add(_noop, cron("* * * * *"), id="ok", timeout=5, catch_up=False)
+    scheduler.add(_noop, every(60), id="steady", timeout=5)
+    async with scheduler:
+        await clock.advance(130)  # ok and steady: 2 slots each
+        await scheduler.pause("ok")
+        await scheduler.pause("steady")
+        await clock.advance(600)  # paused: skipped, not missed
+        await scheduler.resume("ok")
+        await scheduler.resume("steady")
+        await clock.advance(130)
+        ledger = await scheduler.fleet.slots("bad", T0, clock.now())
+    bad = _points(reader, "bad")
+    # the last slot's retry is still to come: failed in the ledger, not yet in the counter
+    assert sum(s.fate is Fate.FAILED for s in ledger) == 14 and bad["failed"] == 13
+    assert bad["owed"] == 14 and "committed" not in bad and "missed" not in bad
+    assert _points(reader, "ok").get("missed", 0) == 0
+    assert _points(reader, "steady").get("missed", 0) == 0
+
+
+def test_counting_a_long_gap_is_bounded() -> None:
+    job = Job.declare(_noop, cron("* * * * *", tz="Europe/Berlin"), id="j", timeout=5)
+    slot = T0 + timedelta(days=7)
+    result = RunResult("j", Outcome.SUCCESS, slot, slot, slot, "a")
+    state = FleetState(last_slot=T0)
+    started = time.perf_counter()
+    assert unattempted(job, state, result) == 7 * 24 * 60 - 1  # estimated past 60 fires
+    assert time.perf_counter() - started < 1.0  # 60 fires, not 10,080
+    assert unattempted(job, state, result, resumed=slot - timedelta(minutes=3)) == 2
+    short = RunResult("j", Outcome.SUCCESS, T0 + timedelta(minutes=5), slot, slot, "a")
+    assert unattempted(job, state, short) == 4
+
+
+async def test_a_note_is_one_bounded_line_or_refused_before_anything_changes() -> None:
+    scheduler = Scheduler(clock=ManualClock(T0))
+    scheduler.add(_noop, every(60), id="j")
+    async with scheduler:
+        for bad in ("x" * 501, "evil\x1b[2J", "nul\x00"):
+            with pytest.raises(ValueError, match="note"):
+                await scheduler.pause("j", bad)
+        assert [r.state for r in await scheduler.fleet.jobs()] == [JobState.OK]  # not paused
+        assert await scheduler.pause("j", "  " + "ü" * 500 + "  ", who="ops") is True
+        [action] = await scheduler.fleet.audit("j")
+    assert action.note == "ü" * 500 and action.who == "ops"
+    assert await scheduler.fleet.audit() == [action]

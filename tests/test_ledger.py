@@ -105,10 +105,13 @@ def test_catch_up_false_skips_the_slots_the_next_run_did_not_cover() -> None:
         (Records(runs=[run(0)], horizon=at(-60)), "missed", "no live replica declared the job"),
         (
             Records(
-                runs=[run(0)], presence=LIVE, outages=(Span("b", at(8), at(12)),), horizon=at(-60)
+                runs=[run(0)],
+                presence=LIVE,
+                outages=(Span("a", at(8), at(12)), Span("b", at(8), at(12))),
+                horizon=at(-60),
             ),
             "missed",
-            "the database was unreachable (from b)",
+            "the database was unreachable (from a, b)",
         ),
         (
             Records(
@@ -122,6 +125,7 @@ def test_catch_up_false_skips_the_slots_the_next_run_did_not_cover() -> None:
                 runs=[run(0)],
                 presence=LIVE,
                 actions=[Action("j", "pause", "ops@host (cli)", at(5), "INC-42: upstream", True)],
+                paused_at=at(5),
                 horizon=at(-60),
             ),
             "skipped",
@@ -223,3 +227,104 @@ def test_a_spec_survives_its_json_and_a_foreign_one_reads_as_none() -> None:
     assert from_json({"future": "shape"}) is None
     assert from_json(None) is None
     assert Fate("timed out") is Fate.TIMED_OUT
+
+
+# --- found by review: each of these failed before its fix ---------------------------------
+
+
+def test_a_short_every_job_over_a_long_window_shows_its_latest_slots() -> None:
+    now = at(14 * 24 * 60)
+    records = Records(runs=[run(14 * 24 * 60 - 60)], presence=LIVE, horizon=at(-60))
+    ledger = account(spec(every(5)), records, T0, now, now)
+    assert len(ledger) == 1000 and ledger[-1].slot > now - timedelta(minutes=1)
+    assert ledger[-1].fate is Fate.PENDING and ledger[-30].fate is Fate.MISSED
+
+
+def test_a_pause_after_a_slot_before_its_jittered_fire_skips_it_as_paused() -> None:
+    actions = [
+        Action("j", "pause", "ops", at(0.2), None, True),
+        Action("j", "resume", "ops", at(5), None, True),
+    ]
+    records = Records(runs=[run(60)], actions=actions, presence=LIVE, horizon=at(-60))
+    ledger = account(
+        spec(cron("0 * * * *", jitter=600), catch_up=False), records, at(0), at(60), at(65)
+    )
+    assert ledger[0].reason is not None and "paused by ops" in ledger[0].reason
+
+
+def test_a_jittered_slot_is_pending_until_its_latest_fire() -> None:
+    records = Records(runs=[], presence=LIVE, horizon=at(-60))
+    ledger = account(spec(cron("0 * * * *", jitter=900)), records, at(0), at(6), now=at(6))
+    assert ledger[0].fate is Fate.PENDING
+
+
+def test_a_replica_killed_after_its_last_beat_is_named_not_a_defect() -> None:
+    dead = (Span("a", at(-60), at(9.9)),)  # its last beat, 6 s before the slot; it never left
+    records = Records(runs=[run(0)], presence=dead, horizon=at(-60))
+    ledger = account(spec(), records, at(0), at(10), now=at(30))
+    assert ledger[1].reason == (
+        "the replicas that declared it (a) stopped beating at 2026-12-01T03:09:54+00:00 "
+        "(killed, frozen, or cut off from the database)"
+    )
+
+
+def test_an_every_job_run_by_hand_restarts_its_interval_and_owes_no_extra_slot() -> None:
+    runs = [run(0), run(5, manual=True), run(15.1)]  # the manual run ended at 5.1
+    records = Records(runs=runs, presence=LIVE, horizon=at(-60))
+    ledger = account(spec(every(minutes=10)), records, at(0), at(20), now=at(20))
+    assert [f for _, f, _ in fates(ledger)] == ["ran", "ran"]
+
+
+def test_an_every_job_owes_its_first_slot_at_its_declaration_plus_the_initial_delay() -> None:
+    records = Records(runs=[run(2)], presence=LIVE, horizon=at(-60), declared_since=at(1.99))
+    ledger = account(spec(every(minutes=10, initial_delay=0)), records, at(0), at(5), now=at(5))
+    assert [(round(m, 2), f) for m, f, _ in fates(ledger)] == [(2, "ran")]
+
+
+def test_a_leap_day_cron_has_a_ledger() -> None:
+    ledger = account(spec(cron("0 0 29 2 *")), Records(runs=[]), at(-30 * 24 * 60), T0, T0)
+    assert ledger == []
+
+
+def test_a_pause_ends_with_forget_and_one_older_than_the_audit_log_is_said_so() -> None:
+    forgotten = [
+        Action("j", "pause", "ops", at(-1440), "old", True),
+        Action("j", "forget", "ops", at(-1380), None, True),
+    ]
+    records = Records(runs=[run(0)], actions=forgotten, presence=LIVE, horizon=at(-2880))
+    ledger = account(spec(), records, at(0), at(60), at(60))
+    assert not any("paused" in (s.reason or "") for s in ledger)
+    old = [Action("j", "resume", "ops", at(15), None, True)]  # its pause was pruned
+    records = Records(runs=[run(0), run(20)], actions=old, presence=LIVE, horizon=at(-60))
+    ledger = account(spec(catch_up=False), records, at(0), at(20), at(30))
+    assert ledger[1].reason is not None
+    assert ledger[1].reason.endswith("(paused (the pause is older than the audit log))")
+
+
+def test_an_outage_of_one_replica_is_no_reason_while_another_could_run() -> None:
+    both = (Span("a", at(-60), None), Span("b", at(-60), None))
+    records = Records(
+        runs=[run(0)], presence=both, outages=(Span("a", at(8), at(12)),), horizon=at(-60)
+    )
+    ledger = account(spec(), records, at(0), at(10), now=at(30))
+    assert ledger[1].reason is not None and ledger[1].reason.startswith("unknown: replicas a, b")
+
+
+def test_the_records_bound_where_the_ledger_begins() -> None:
+    # the reader read only the latest runs: no slot before them is called missed
+    records = Records(
+        runs=[run(30), run(40)], presence=LIVE, horizon=at(-60), complete_since=at(30)
+    )
+    ledger = account(spec(), records, at(0), at(40), now=at(45))
+    assert [m for m, _, _ in fates(ledger)] == [30, 40]
+    # runs from before the presence records began (an upgraded schema) still count
+    records = Records(
+        runs=[run(0), run(10)],
+        presence=(Span("a", at(15), None),),
+        horizon=at(15),
+        declared_since=at(15),
+    )
+    assert [f for _, f, _ in fates(account(spec(), records, at(0), at(10), at(40)))] == [
+        "ran",
+        "ran",
+    ]

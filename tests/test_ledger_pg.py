@@ -143,7 +143,8 @@ async def test_every_fate_and_reason_happens_for_real(server: TempPostgres) -> N
             jobs = {job["job_id"]: job for job in json.loads(shown.stdout)["jobs"]}
             nightly = jobs["nightly"]  # never ran: next due from its trigger, and its owner
             due = cron("17 3 * * *", tz="Europe/Berlin").next_fire(datetime.now(timezone.utc))
-            assert nightly["next_due"] == due.isoformat() and nightly["owner"] == "a", nightly
+            assert due is not None and nightly["next_due"] == due.isoformat(), nightly
+            assert nightly["owner"] == "a"
             assert nightly["schedule"] == "cron '17 3 * * *' Europe/Berlin"
             assert jobs["held"]["last_action"]["note"] == "INC-42: upstream down"
             assert jobs["ticklock.retention"]["builtin"] is True

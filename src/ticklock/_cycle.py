@@ -250,10 +250,12 @@ class Cycle(Entry):
             self.running = False
         self._observe(result, state)
         self._count(result)
-        self._account(result, before, attempt, runner.telemetry)
-        if self._live():
-            now = self.crew.clock.now()
-            self.wait(after_run(self.job, self.state or NO_STATE, now, result))
+        live = self._live()
+        nxt = after_run(self.job, self.state or NO_STATE, self.crew.clock.now(), result)
+        retried = live and isinstance(nxt, Delayed) and nxt.slot == result.slot
+        self._account(result, before, attempt, runner.telemetry, retried=retried)
+        if live:
+            self.wait(nxt)
 
     async def run_now(self) -> RunResult:
         """Run one tick now (slot = now), and plan from the state it read."""
@@ -277,19 +279,27 @@ class Cycle(Entry):
             self.held_at = result.finished_at
 
     def _account(
-        self, result: RunResult, before: FleetState | None, attempt: int, telemetry: Telemetry
+        self,
+        result: RunResult,
+        before: FleetState | None,
+        attempt: int,
+        telemetry: Telemetry,
+        *,
+        retried: bool,
     ) -> None:
-        """Count the slot of a scheduled run that executed in the slot counters."""
+        """Count the slot of a scheduled run that executed in the slot counters (``retried``:
+        the slot runs again, so a failure is not its last)."""
         outcome = result.outcome
         if result.manual or outcome in (Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED):
             return
         first = attempt == 1
+        resumed = self.credit[2]
         telemetry.slots(
             self.job.id,
-            missed=unattempted(self.job, before, result) if first else 0,
+            missed=unattempted(self.job, before, result, resumed) if first else 0,
             first=first,
             committed=outcome is Outcome.SUCCESS,
-            failed=attempt > self.job.retries,
+            failed=outcome is not Outcome.SUCCESS and not retried,
         )
 
     def _count(self, result: RunResult) -> None:
@@ -350,10 +360,10 @@ class Cycle(Entry):
         was, asked = old.paused_at, old.trigger_at
         state = self.state = replace(old, paused_at=paused_at, trigger_at=trigger_at)
         if was is not None and paused_at is None:  # resumed: the pause is not overdue
-            base, paused = self.credit
+            base, paused, _ = self.credit
             if base != state.last_success_at:
                 base, paused = state.last_success_at, 0.0
-            self.credit = (base, paused + max(0.0, (now - was).total_seconds()))
+            self.credit = (base, paused + max(0.0, (now - was).total_seconds()), now)
         if self.running:
             # the run's end plans from the state it read under the lock, which may be older
             # than this: it asks the watch to look again then

@@ -13,6 +13,8 @@ from ._dispatcher import Timer
 from ._job import Job, fingerprint
 from ._triggers import Cron
 
+NO_CREDIT: tuple[datetime | None, float, datetime | None] = (None, 0.0, None)
+
 
 class Entry(Timer):
     """The runtime state of one declared job, and its deadline."""
@@ -58,8 +60,9 @@ class Entry(Timer):
         self.held_at: datetime | None = None
         self.manual = False  # the next run serves a trigger request (its slot)
         self.steered = False  # operators changed its pause or trigger while it ran
-        # (last success, seconds paused since): the time a job was paused is not overdue
-        self.credit: tuple[datetime | None, float] = (None, 0.0)
+        # (last success, seconds paused since, when last resumed): the time a job was paused
+        # is not overdue, and its slots are not missed
+        self.credit: tuple[datetime | None, float, datetime | None] = NO_CREDIT
         self.ahead: tuple[str, ...] = ()  # the replicas ranked before this one (see _sharing)
         self.observer = False  # declared otherwise than the ruling declaration: never attempts
         self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)

@@ -16,6 +16,7 @@ import getpass
 import json
 import os
 import socket
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -199,6 +200,31 @@ def state_of(
 
 BUILTIN = "ticklock."
 """The id prefix of ticklock's own jobs."""
+
+
+NOTE_LIMIT = 500
+"""The most characters of an operation's note (and of ``who``)."""
+
+
+def checked(text: str | None, name: str) -> str | None:
+    """An operation's ``note`` or ``who`` as the audit log keeps it: ``None`` for none or
+    blank; ``ValueError`` for one over :data:`NOTE_LIMIT` characters or with control
+    characters (a terminal escape, a NUL), which the log never shows."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be text, got {type(text).__name__}")
+    text = text.strip()
+    if len(text) > NOTE_LIMIT:
+        raise ValueError(f"{name} is {len(text)} characters; at most {NOTE_LIMIT} are kept")
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        raise ValueError(f"{name} must be one line of text, without control characters")
+    return text or None
+
+
+def said(note: str | None, who: str) -> tuple[str | None, str]:
+    """An operation's note and who, :func:`checked`, as its writer records them."""
+    return checked(note, "note"), checked(who, "who") or "unknown"
 
 
 def caller() -> str:

@@ -19,7 +19,7 @@ def judge(
     clock_now: datetime,
     since: datetime | None,
     held_at: datetime | None,
-    credit: tuple[datetime | None, float],
+    credit: tuple[datetime | None, float, datetime | None],
     next_fire: datetime | None,
     problem: str | None,
     observer: bool = False,
@@ -44,7 +44,7 @@ def judge(
     # lives on runs nothing, and must not keep saying every job is fine
     if job.enabled and base is not None and not paused and not observer:
         limit = overdue_at(job, base)
-        credit_base, seconds = credit
+        credit_base, seconds, _ = credit
         if limit is not None and seconds and credit_base == state.last_success_at:
             limit += timedelta(seconds=seconds)
         overdue = limit is not None and now > limit

@@ -25,8 +25,7 @@ before it was owed). A covered or skipped slot carries the same reason as a miss
 from __future__ import annotations
 
 import bisect
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -82,8 +81,11 @@ class Records:
     """Since when the presence records reach (retention, or the schema's upgrade): before it,
     a slot without a run has no reason the records can give."""
     declared_since: datetime | None = None
-    """When a replica first declared the job, as far back as the records reach: no slot at
-    or before it was owed."""
+    """When a replica first declared the job, as far back as the records reach: no slot
+    before it was owed."""
+    complete_since: datetime | None = None
+    """Since when ``runs`` holds every run (a reader that read only the latest ones, or a
+    history that keeps only so many): the ledger begins there."""
 
 
 def account(
@@ -95,19 +97,20 @@ def account(
     limit: int = LIMIT,
 ) -> list[SlotRecord]:
     """The fate of every slot ``spec``'s schedule owed from ``since`` to ``until`` (the latest
-    ``limit``), oldest first."""
+    ``limit``, at most :data:`LIMIT`), oldest first."""
+    limit = max(1, min(limit, LIMIT))
     runs = sorted((r for r in records.runs if r.slot is not None), key=_slot)
-    scheduled = [r for r in runs if not r.manual]
-    if records.declared_since is not None:
-        since = max(since, records.declared_since + timedelta(microseconds=1))
-    slots = deque(_owed(spec, scheduled, since, until, limit), maxlen=limit)
+    since, first = _begin(spec, records, runs, since)
+    slots = _owed(spec, runs, since, until, limit, first)
     own: dict[datetime, list[RunRecord]] = {}
-    for run in scheduled:
-        own.setdefault(_slot(run), []).append(run)
+    for run in runs:
+        if not run.manual:
+            own.setdefault(_slot(run), []).append(run)
     successes = sorted((r for r in runs if r.outcome == "success"), key=lambda r: r.started_at)
     starts = [r.started_at for r in successes]
-    pauses = _pauses(records.actions, records.paused_at)
-    grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + TOLERANCE
+    facts = _Facts(spec, records, runs, now)
+    jitter = timedelta(seconds=spec.trigger.jitter)
+    grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + jitter + TOLERANCE
     ledger = []
     for slot in slots:
         attempts = own.get(slot)
@@ -115,16 +118,16 @@ def account(
             ledger.append(_ran(slot, attempts))
             continue
         later = _covering(slot, successes, starts)
-        cause = _cause(slot, spec, records, runs, pauses, now)
+        fate, reason, explains = facts.cause(slot)
         if later is not None and (spec.catch_up or later.manual or _slot(later) < slot):
-            ledger.append(SlotRecord(slot, Fate.COVERED, cause[1], later))
+            ledger.append(SlotRecord(slot, Fate.COVERED, reason, later))
         elif slot + grace > now:
             ledger.append(SlotRecord(slot, Fate.PENDING))
         elif later is not None:  # passed over by catch_up=False
             why = "catch_up=False: the next run did not cover it"
-            ledger.append(SlotRecord(slot, Fate.SKIPPED, f"{why} ({cause[1]})", later))
+            ledger.append(SlotRecord(slot, Fate.SKIPPED, f"{why} ({reason})", later))
         else:
-            ledger.append(SlotRecord(slot, cause[0], cause[1], cause[2]))
+            ledger.append(SlotRecord(slot, fate, reason, explains))
     return ledger
 
 
@@ -133,68 +136,111 @@ def _slot(run: RunRecord) -> datetime:
     return run.slot
 
 
+def _begin(
+    spec: Spec, records: Records, runs: list[RunRecord], since: datetime
+) -> tuple[datetime, datetime | None]:
+    """Where the ledger begins (the records' bounds), and when the job was first declared."""
+    if records.complete_since is not None:
+        since = max(since, records.complete_since)
+    first = records.declared_since
+    scheduled = [_slot(r) for r in runs if not r.manual]
+    if first is not None and scheduled and scheduled[0] < first:
+        first = scheduled[0] - TOLERANCE  # runs from before the presence records began
+    if first is not None and not isinstance(spec.trigger, Every):
+        since = max(since, first + timedelta(microseconds=1))  # the first fire is after it
+    return since, first
+
+
 def _owed(
-    spec: Spec, scheduled: list[RunRecord], since: datetime, until: datetime, limit: int
-) -> Iterator[datetime]:
-    """The slots owed from ``since`` to ``until``, oldest first."""
+    spec: Spec,
+    runs: list[RunRecord],
+    since: datetime,
+    until: datetime,
+    limit: int,
+    first: datetime | None,
+) -> list[datetime]:
+    """The latest ``limit`` slots owed from ``since`` to ``until``, oldest first: walked from
+    a start that moves back, doubling the span, until it holds that many (or reaches
+    ``since``), so that a long window costs about ``limit`` steps, not its length."""
     trigger = spec.trigger
-    steps = 0
-    if not isinstance(trigger, Every):
-        yield from _fires(trigger, since, until, limit)
-        return
-    interval = trigger.delta
-    before = [r for r in scheduled if _slot(r) < since]
-    end = max((r.finished_at for r in before), default=None)
-    if end is None:
-        end = since - interval  # no run before the window: its slots count from its start
-    last: datetime | None = None
-    for run in scheduled:
-        slot = _slot(run)
-        if slot < since or slot == last:  # before the window, or a retry of the same slot
-            if slot == last:
-                end = max(end, run.finished_at)
-            continue
-        at = end + interval
-        while at < slot - TOLERANCE and at <= until and steps < STEPS:
-            if at >= since:
-                yield at
-            at += interval
-            steps += 1
-        if slot > until:
-            return
-        yield slot
-        # a run that started late (a catch-up run) leaves the interval's slots before its start
-        at = slot + interval
-        while at < run.started_at - TOLERANCE and at <= until and steps < STEPS:
-            yield at
-            at += interval
-            steps += 1
-        last, end = slot, run.finished_at
-    at = end + interval
-    while at <= until and steps < STEPS:
-        if at >= since:
-            yield at
-        at += interval
-        steps += 1
-
-
-def _fires(trigger: Cron, since: datetime, until: datetime, limit: int) -> list[datetime]:
-    """A cron trigger's latest ``limit`` fires from ``since`` to ``until``: walked from a start
-    that moves back, doubling the span, until it holds that many (or reaches ``since``), so
-    that a long window costs about ``limit`` steps, not its length."""
-    span = timedelta(seconds=trigger.period * limit)
+    if until < since:
+        return []
+    try:
+        span = min(timedelta(seconds=trigger.period * limit * 2), until - since)
+    except OverflowError:  # a schedule whose fires are years apart
+        span = until - since
     while True:
         start = max(since, until - span)
-        fires: list[datetime] = []
-        at: datetime | None = start - timedelta(microseconds=1)
-        while len(fires) < STEPS:
-            at = trigger.next_fire(at) if at is not None else None
-            if at is None or at > until:
-                break
-            fires.append(at)
-        if len(fires) >= limit or start == since or len(fires) >= STEPS:
-            return fires[-limit:]
+        if isinstance(trigger, Every):
+            slots = _every(trigger, runs, start, until, first)
+        else:
+            slots = _fires(trigger, start, until)
+        if len(slots) >= limit or start == since or len(slots) >= STEPS:
+            return slots[-limit:]
         span *= 2
+
+
+def _fires(trigger: Cron, since: datetime, until: datetime) -> list[datetime]:
+    """A cron trigger's fires from ``since`` to ``until`` (at most :data:`STEPS`)."""
+    fires: list[datetime] = []
+    at: datetime | None = since - timedelta(microseconds=1)
+    while len(fires) < STEPS:
+        at = trigger.next_fire(at) if at is not None else None
+        if at is None or at > until:
+            break
+        fires.append(at)
+    return fires
+
+
+def _every(
+    trigger: Every, runs: list[RunRecord], since: datetime, until: datetime, first: datetime | None
+) -> list[datetime]:
+    """An ``every`` job's slots from ``since`` to ``until``: one interval after each run's end
+    (a manual run's too: it restarts the interval), and one an interval while none ran."""
+    interval = trigger.delta
+    # a slot owed between two runs lies a whole interval before the next one's: less is the
+    # same slot, planned from a later end than the records show
+    slack = max(TOLERANCE, interval / 2)
+    slots: list[datetime] = []
+
+    def owe(at: datetime) -> None:
+        if since <= at <= until and len(slots) < STEPS:
+            slots.append(at)
+
+    ended = [r.finished_at for r in runs if _slot(r) < since]
+    if ended:
+        due = max(ended) + interval
+    elif first is not None:  # the job's first slot: its declaration plus the initial delay
+        due = first + TOLERANCE + timedelta(seconds=trigger.initial_delay)
+    else:
+        due = since  # the records do not say: its slots count from the window's start
+    last: datetime | None = None
+    for run in runs:
+        slot = _slot(run)
+        if slot < since:
+            continue
+        if slot == last:  # a retry of the slot: the interval counts from its end
+            due = max(due, run.finished_at + interval)
+            continue
+        while due < slot - slack and due <= until and len(slots) < STEPS:
+            owe(due)
+            due += interval
+        if slot > until or len(slots) >= STEPS:
+            break
+        if run.manual:  # owes no slot; the interval counts from its end
+            due = max(due, run.finished_at + interval)
+            continue
+        owe(slot)
+        # a run that started late (a catch-up run) leaves the interval's slots before its start
+        at = slot + interval
+        while at < run.started_at - TOLERANCE and at <= until and len(slots) < STEPS:
+            owe(at)
+            at += interval
+        last, due = slot, run.finished_at + interval
+    while due <= until and len(slots) < STEPS:
+        owe(due)
+        due += interval
+    return slots
 
 
 def _ran(slot: datetime, attempts: list[RunRecord]) -> SlotRecord:
@@ -214,72 +260,101 @@ def _covering(
     return successes[i] if i < len(successes) else None
 
 
+Stretch = tuple[datetime, "datetime | None", "Action | None"]
+
+
 def _pauses(
-    actions: Sequence[Action], paused_at: datetime | None
-) -> list[tuple[datetime, datetime | None, Action | None]]:
+    actions: Sequence[Action], paused_at: datetime | None, runs: list[RunRecord]
+) -> list[Stretch]:
     """The stretches the job was paused, from the audit log and the pause in force now."""
-    stretches: list[tuple[datetime, datetime | None, Action | None]] = []
+    stretches: list[Stretch] = []
     opened: Action | None = None
     for action in sorted(actions, key=lambda a: a.at):
         if not action.changed:
             continue
         if action.action == "pause" and opened is None:
             opened = action
-        elif action.action == "resume" and opened is not None:
-            stretches.append((opened.at, action.at, opened))
+        elif action.action in ("resume", "forget"):
+            if opened is not None:
+                stretches.append((opened.at, action.at, opened))
+            elif action.action == "resume":  # its pause is older than the audit log
+                stretches.append((datetime.min.replace(tzinfo=action.at.tzinfo), action.at, None))
             opened = None
-    if opened is not None:
+    if opened is not None and paused_at is None:
+        # not paused now, and the resume is not recorded: it ended by the next scheduled run
+        after = [r.started_at for r in runs if not r.manual and r.started_at > opened.at]
+        stretches.append((opened.at, min(after, default=opened.at), opened))
+    elif opened is not None:
         stretches.append((opened.at, None, opened))
     elif paused_at is not None:  # paused before the audit log was kept
         stretches.append((paused_at, None, None))
     return stretches
 
 
-def _cause(
-    slot: datetime,
-    spec: Spec,
-    records: Records,
-    runs: list[RunRecord],
-    pauses: list[tuple[datetime, datetime | None, Action | None]],
-    now: datetime,
-) -> tuple[Fate, str, RunRecord | None]:
-    """Why ``slot`` had no run of its own: the fate that makes it, the reason, and a run that
-    explains it."""
-    for start, end, action in pauses:
-        if start <= slot and (end is None or slot < end):
-            if action is None:
-                return Fate.SKIPPED, f"paused (since {iso(start)})", None
-            return Fate.SKIPPED, done(action), None
-    live = [s for s in records.presence if s.covers(slot, now, LIVE_SLACK)]
-    if live and not any(s.enabled for s in live):
-        return Fate.SKIPPED, "disabled: declared with enabled=False by every live replica", None
-    if not spec.enabled and not live:
-        return Fate.SKIPPED, "disabled: declared with enabled=False", None
-    for run in runs:
-        if run.started_at <= slot < run.finished_at:
-            return (
-                Fate.SKIPPED,
-                f"the run of {iso(run.slot)} was still running (a job never overlaps itself)",
-                run,
-            )
-        if run.outcome == "success" and _slot(run) >= slot and run.finished_at <= slot:
+class _Facts:
+    """Why a slot had no run of its own, from the records (see :meth:`cause`)."""
+
+    def __init__(self, spec: Spec, records: Records, runs: list[RunRecord], now: datetime) -> None:
+        self.spec = spec
+        self.records = records
+        self.now = now
+        self.jitter = timedelta(seconds=spec.trigger.jitter)
+        self.pauses = _pauses(records.actions, records.paused_at, runs)
+        self.by_start = sorted(runs, key=lambda r: r.started_at)
+        self.starts = [r.started_at for r in self.by_start]
+        successes = [r for r in runs if r.outcome == "success"]
+        self.by_end = sorted(successes, key=lambda r: r.finished_at)
+        self.ends = [r.finished_at for r in self.by_end]
+
+    def cause(self, slot: datetime) -> tuple[Fate, str, RunRecord | None]:
+        """The fate that a slot without a run of its own has, the reason, and a run that
+        explains it."""
+        for start, end, action in self.pauses:
+            if start <= slot + self.jitter and (end is None or slot < end):
+                if action is None:
+                    return Fate.SKIPPED, "paused (the pause is older than the audit log)", None
+                return Fate.SKIPPED, done(action), None
+        records, now = self.records, self.now
+        live = [s for s in records.presence if s.covers(slot, now, LIVE_SLACK)]
+        if live and not any(s.enabled for s in live):
+            return Fate.SKIPPED, "disabled: declared with enabled=False by every live replica", None
+        if not self.spec.enabled and not live:
+            return Fate.SKIPPED, "disabled: declared with enabled=False", None
+        i = bisect.bisect_right(self.starts, slot) - 1
+        if i >= 0 and slot < self.by_start[i].finished_at:
+            run = self.by_start[i]
+            why = f"the run of {iso(run.slot)} was still running (a job never overlaps itself)"
+            return Fate.SKIPPED, why, run
+        j = bisect.bisect_right(self.ends, slot) - 1
+        if j >= 0 and _slot(self.by_end[j]) >= slot:
+            run = self.by_end[j]
             return Fate.SKIPPED, f"already committed by the run of {iso(run.slot)}", run
-    down = [s for s in records.outages if s.covers(slot, now, TOLERANCE)]
-    if down:
-        owners = ", ".join(sorted({s.owner for s in down}))
-        return Fate.MISSED, f"the database was unreachable (from {owners})", None
-    if not any(s.enabled for s in live):
-        if records.horizon is None or slot < records.horizon:
+        declarers = {s.owner for s in live if s.enabled}
+        down = {s.owner for s in records.outages if s.covers(slot, now, TOLERANCE)}
+        if down and declarers <= down:
             return (
                 Fate.MISSED,
-                "unknown: before the records of live replicas begin (retention)",
+                f"the database was unreachable (from {', '.join(sorted(down))})",
                 None,
             )
-        return Fate.MISSED, "no live replica declared the job", None
-    owners = ", ".join(sorted({s.owner for s in live if s.enabled}))
-    return (
-        Fate.MISSED,
-        f"unknown: replicas {owners} were live and declared the job, and no record explains "
-        "why it did not run (a defect: please report it)",
-        None,
-    )
+        beating = [s for s in live if s.enabled and (s.exact or s.until is None or s.until >= slot)]
+        if declarers and not beating:
+            last = max(s.until for s in live if s.enabled and s.until is not None)
+            owners = ", ".join(sorted(declarers))
+            return (
+                Fate.MISSED,
+                f"the replicas that declared it ({owners}) stopped beating at {iso(last)} "
+                "(killed, frozen, or cut off from the database)",
+                None,
+            )
+        if not declarers:
+            if records.horizon is None or slot < records.horizon:
+                why = "unknown: before the records of live replicas begin (retention)"
+                return Fate.MISSED, why, None
+            return Fate.MISSED, "no live replica declared the job", None
+        return (
+            Fate.MISSED,
+            f"unknown: replicas {', '.join(sorted(declarers))} were live and declared the job, "
+            "and no record explains why it did not run (a defect: please report it)",
+            None,
+        )

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
+import anyio
+
 from . import _spec
 from ._caps import cut_text, shorten_report
 from ._clock import Clock
@@ -20,6 +22,7 @@ from ._fleet import (
     Replica,
     RunRecord,
     SlotRecord,
+    said,
     state_of,
 )
 from ._job import Job, JobHealth, Outcome, RunResult
@@ -162,6 +165,7 @@ class MemoryFleet:
 
     async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
         """Pause the job for every replica of this database."""
+        note, who = said(note, who)
         state = self._state(job_id)
         changed = state.paused_at is None
         paused_at = state.paused_at or self._clock.now()
@@ -171,6 +175,7 @@ class MemoryFleet:
 
     async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
         """Resume the job for every replica of this database."""
+        note, who = said(note, who)
         state = self._state(job_id)
         changed = state.paused_at is not None
         self._db.steer(job_id, paused_at=None, trigger_at=state.trigger_at)
@@ -179,6 +184,7 @@ class MemoryFleet:
 
     async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
         """Ask for one run of the job as soon as possible."""
+        note, who = said(note, who)
         if job_id not in self._declared()[0]:
             raise KeyError(f"job {job_id!r} is not declared, or declared with enabled=False")
         state = self._state(job_id)
@@ -189,6 +195,7 @@ class MemoryFleet:
 
     async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
         """Delete the state and history of a job no replica declares."""
+        note, who = said(note, who)
         enabled, disabled = self._declared()
         if job_id in enabled or job_id in disabled:
             raise JobDeclared(f"job {job_id!r} is declared: remove it from the scheduler first")
@@ -219,15 +226,18 @@ class MemoryFleet:
             for p in db.presence()
             if job_id in p.declared.enabled or job_id in p.declared.disabled
         ]
+        kept = db.history.get(job_id, deque())
+        full = kept.maxlen is not None and len(kept) >= kept.maxlen
         records = LedgerRecords(
-            runs=[_record(run, None) for run in db.history.get(job_id, ())],
+            runs=[_record(run, None) for run in kept],
             actions=[a for a in db.actions if a.job_id == job_id],
             presence=presence,
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
             horizon=db.since,
             declared_since=min((p.since for p in presence), default=None),
+            complete_since=min(r.slot for r in kept if r.slot) if full and kept else None,
         )
-        return account(spec, records, since, until, now, limit)
+        return await anyio.to_thread.run_sync(account, spec, records, since, until, now, limit)
 
     def _audit(self, job_id: str, action: str, note: str | None, who: str, changed: bool) -> None:
         self._db.actions.append(Action(job_id, action, who, self._clock.now(), note, changed))

@@ -147,27 +147,36 @@ def since(trigger: Trigger, end: datetime, slot: datetime | None) -> datetime:
     return end
 
 
-UNATTEMPTED_STEPS = 10_000
-"""The most fires :func:`unattempted` counts (a minutely cron job down for a week)."""
+EXACT_STEPS = 60
+"""The fires :func:`unattempted` counts one by one; past them it estimates the rest."""
 
 
-def unattempted(job: Job, state: FleetState | None, result: RunResult) -> int:
-    """How many slots the schedule owed before ``result``'s that no run attempted: since the
-    fleet's last attempted slot (committed or failed) for cron; for ``every``, the intervals
-    that passed between the slot and the run's start (jitter aside). They were missed, and
-    with ``catch_up`` this run covers them."""
+def unattempted(
+    job: Job, state: FleetState | None, result: RunResult, resumed: datetime | None = None
+) -> int:
+    """How many slots the schedule owed before ``result``'s that no run attempted, not
+    counting those before ``resumed`` (the job was paused then): since the fleet's last
+    attempted slot (committed or failed) for cron; for ``every``, the intervals that passed
+    between the slot and the run's start (jitter aside). They were missed, and with
+    ``catch_up`` this run covers them. Past :data:`EXACT_STEPS` fires it estimates the rest
+    from their mean gap, so that a long outage costs a run no more than that many steps."""
     slot, trigger = result.slot, job.trigger
     if state is None or slot is None:
         return 0
     if isinstance(trigger, Every):
-        late = (result.started_at - slot).total_seconds() - trigger.jitter
+        start = slot if resumed is None or resumed < slot else resumed
+        late = (result.started_at - start).total_seconds() - trigger.jitter
         return max(0, int(late // trigger.interval))
-    attempted = [t for t in (state.last_slot, state.failed_slot) if t is not None and t < slot]
-    if not attempted:
+    attempted = [t for t in (state.last_slot, state.failed_slot, resumed) if t is not None]
+    base = max(attempted, default=None)
+    if base is None or base >= slot:
         return 0
-    count, at = 0, trigger.next_fire(max(attempted))
-    while at is not None and at < slot and count < UNATTEMPTED_STEPS:
+    count, at = 0, trigger.next_fire(base)
+    while at is not None and at < slot:
         count += 1
+        if count == EXACT_STEPS:
+            mean = (at - base) / count
+            return count + max(0, math.ceil(round((slot - at) / mean, 6)) - 1)
         at = trigger.next_fire(at)
     return count
 

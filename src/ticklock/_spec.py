@@ -81,9 +81,7 @@ def from_json(value: Any) -> Spec | None:
             )
         else:
             trigger = Cron(str(value["cron"]), str(value["tz"]), float(value["jitter"]))
-        if not trigger.period > 0:  # a ledger walks the schedule: never a zero step
-            return None
-        return Spec(
+        spec = Spec(
             trigger,
             float(value["timeout"]),
             int(value["retries"]),
@@ -92,6 +90,9 @@ def from_json(value: Any) -> Spec | None:
             int(value.get("failure_threshold", 1)),
             bool(value["enabled"]),
         )
+        # a ledger walks the schedule: never a zero step; and no limit a job could not have
+        sane = trigger.period > 0 and spec.timeout > 0 and spec.overdue_grace >= 0
+        return spec if sane and spec.retries >= 0 and spec.failure_threshold >= 1 else None
     except (KeyError, TypeError, ValueError, ScheduleError):
         return None
 

@@ -14,6 +14,7 @@ from .._fleet import (
     JobRecord,
     JobState,
     caller,
+    checked,
     done,
     job_json,
     json_text,
@@ -32,9 +33,9 @@ def alarms(fail_on: str) -> set[JobState]:
     """The states that make ``status`` exit 1, from ``--fail-on``."""
     names = {name.strip() for name in fail_on.split(",") if name.strip()}
     unknown = names - _ALARMS.keys()
-    if unknown:
+    if unknown or not names:
         raise CommandError(
-            f"--fail-on takes {', '.join(_ALARMS)} (comma-separated), got {', '.join(unknown)}"
+            f"--fail-on takes {', '.join(_ALARMS)} (comma-separated), got {fail_on!r}"
         )
     return {state for name in names for state in _ALARMS[name]}
 
@@ -181,7 +182,7 @@ async def pause(args: argparse.Namespace) -> int:
     """Pause a job fleet-wide."""
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.pause(args.job, args.note, who=_who())
+            changed = await fleet.pause(args.job, _note(args), who=_who())
         except KeyError as exc:
             return refused(exc)
     if not changed:
@@ -195,7 +196,7 @@ async def resume(args: argparse.Namespace) -> int:
     """Resume a paused job fleet-wide."""
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.resume(args.job, args.note, who=_who())
+            changed = await fleet.resume(args.job, _note(args), who=_who())
         except KeyError as exc:
             return refused(exc)
     if not changed:
@@ -209,7 +210,7 @@ async def trigger(args: argparse.Namespace) -> int:
     """Ask the fleet for one run of a job now."""
     async with open_fleet(args) as fleet:
         try:
-            at = await fleet.trigger(args.job, args.note, who=_who())
+            at = await fleet.trigger(args.job, _note(args), who=_who())
         except KeyError as exc:
             return refused(exc)
     print(
@@ -223,11 +224,19 @@ async def forget(args: argparse.Namespace) -> int:
     """Delete the state and history of a job no live replica declares."""
     async with open_fleet(args) as fleet:
         try:
-            await fleet.forget(args.job, args.note, who=_who())
+            await fleet.forget(args.job, _note(args), who=_who())
         except (KeyError, JobDeclared) as exc:
             return refused(exc)
     print(f"ticklock: forgot {args.job!r}: its state and history are deleted")
     return EXIT_OK
+
+
+def _note(args: argparse.Namespace) -> str | None:
+    """``--note``, checked before anything is asked of the database."""
+    try:
+        return checked(args.note, "--note")
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _who() -> str:

@@ -19,7 +19,10 @@ def instant(text: str, now: datetime, option: str) -> datetime:
     ISO 8601 instant (UTC if it names no offset)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
     if match:
-        return now - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+        try:
+            return now - timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+        except OverflowError:
+            raise CommandError(f"{option} {text!r} reaches before the year 1") from None
     try:
         at = datetime.fromisoformat(text)
     except ValueError:

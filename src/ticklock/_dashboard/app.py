@@ -135,6 +135,8 @@ def create_app(
         except Exception as exc:
             if isinstance(exc, KeyError) and job_id is not None:
                 raise Problem(404, _unknown(exc, job_id)) from None
+            if isinstance(exc, ValueError):  # a note or a caller the audit log refuses
+                raise Problem(400, str(exc)) from None
             logger.warning("dashboard: the fleet did not answer: %s", describe(exc))
             raise Problem(503, _unavailable(exc)) from None
 

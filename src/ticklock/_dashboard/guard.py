@@ -14,14 +14,15 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._caps import cut_text
+from .._fleet import NOTE_LIMIT
 
 CSRF_COOKIE = "ticklock_csrf"
 CSRF_FIELD = "csrf"
 NOTE_FIELD = "note"
-MAX_NOTE = 500
+MAX_NOTE = NOTE_LIMIT
 """Characters of an operator's note the audit keeps."""
 MAX_WHO = 200
-"""Characters of a caller's name the audit keeps."""
+"""Characters of a caller's name the dashboard gives the audit (it cuts a longer one)."""
 MAX_FORM_BYTES = 8192  # a note of MAX_NOTE characters, each percent-encoded UTF-8, fits
 SECURITY_HEADERS = {
     "Content-Security-Policy": (

@@ -34,6 +34,7 @@ from .._fleet import (
     Replica,
     RunRecord,
     SlotRecord,
+    said,
     state_of,
 )
 from .._ledger import LIMIT
@@ -293,6 +294,7 @@ ORDER BY job_id"""
     async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
         """Ask the fleet for one run now; refused (``KeyError``) when live replicas run and
         none declares the job enabled. A request not served yet keeps its instant. Audited."""
+        note, who = said(note, who)
         async with self._acquire() as conn, conn.transaction():
             fleet, enabled, _ = await self._declaration(conn, job_id)
             if fleet and not enabled:
@@ -312,6 +314,7 @@ ORDER BY job_id"""
     async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
         """Delete the job's state and history, under its lock. Audited (its operations stay
         in the audit log)."""
+        note, who = said(note, who)
         async with self._acquire() as conn, conn.transaction():
             *_, declared = await self._declaration(conn, job_id)
             if declared:
@@ -348,6 +351,7 @@ ORDER BY job_id"""
         self, statement: str, action: str, job_id: str, note: str | None, who: str
     ) -> bool:
         """Pause or resume, audited, and tell the replicas; whether it changed anything."""
+        note, who = said(note, who)
         async with self._acquire() as conn, conn.transaction():
             before = await conn.fetchrow(self._current, self.namespace, job_id)
             if before is None:

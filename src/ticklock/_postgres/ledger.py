@@ -11,9 +11,11 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .. import _spec
 from .._fleet import Action, RunRecord, SlotRecord
-from .._ledger import Records, Span, account
+from .._ledger import LIMIT, Records, Span, account
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -39,11 +41,11 @@ class LedgerReader:
         runs = f"SELECT {columns} FROM {s}.runs {where}"
         # $3, $4: the window; $5: how many of its runs (the latest)
         self._runs = f"""
-(SELECT * FROM ({runs} AND finished_at >= $3 AND slot <= $4
+(SELECT *, true AS inside FROM ({runs} AND finished_at >= $3 AND slot <= $4
     ORDER BY finished_at DESC LIMIT $5) AS inside)
-UNION ALL (SELECT * FROM ({runs} AND slot < $3 AND NOT manual
+UNION ALL (SELECT *, false FROM ({runs} AND slot < $3
     ORDER BY finished_at DESC LIMIT 1) AS before)
-UNION ALL (SELECT * FROM ({runs} AND slot > $4 AND outcome = 'success'
+UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
     ORDER BY finished_at LIMIT 1) AS after)"""
         self._job = f"SELECT now(), spec::text, paused_at FROM {s}.jobs {where}"
         self._presence = (
@@ -62,7 +64,8 @@ UNION ALL (SELECT * FROM ({runs} AND slot > $4 AND outcome = 'success'
         )
         self._steering = (
             f"SELECT job_id, action, who, at, note, changed FROM {s}.audit {where} "
-            f"AND action IN ('pause', 'resume') ORDER BY at DESC, id DESC LIMIT {ACTIONS}"
+            f"AND changed AND action IN ('pause', 'resume', 'forget') "
+            f"ORDER BY at DESC, id DESC LIMIT {ACTIONS}"
         )
 
     async def slots(
@@ -85,7 +88,10 @@ UNION ALL (SELECT * FROM ({runs} AND slot > $4 AND outcome = 'success'
                 f"job {job_id!r} has no schedule recorded: it is written when a replica "
                 "that declares the job starts"
             )
-        runs = await conn.fetch(self._runs, ns, job_id, since, until, limit * 4)
+        limit = max(1, min(limit, LIMIT))
+        most = limit * (spec.retries + 2)  # every attempt of each slot, and manual runs
+        runs = await conn.fetch(self._runs, ns, job_id, since, until, most)
+        inside = [row["slot"] for row in runs if row["inside"]]
         presence = await conn.fetch(self._presence, ns, job_id, since, until)
         outages = await conn.fetch(self._outages, ns, since, until)
         actions = await conn.fetch(self._steering, ns, job_id)
@@ -100,8 +106,13 @@ UNION ALL (SELECT * FROM ({runs} AND slot > $4 AND outcome = 'success'
             paused_at=job["paused_at"],
             horizon=horizon,
             declared_since=declared_since,
+            # only the latest runs were read: the ledger begins with them
+            complete_since=min(inside) if len(inside) >= most else None,
         )
-        return account(spec, records, since, until, job["now"], limit)
+        # a long window walks many fires: off the event loop
+        return await anyio.to_thread.run_sync(
+            account, spec, records, since, until, job["now"], limit
+        )
 
 
 def _run(row: asyncpg.Record) -> RunRecord:
