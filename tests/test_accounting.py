@@ -14,7 +14,7 @@ from ticklock import JobContext, Scheduler, cron, every
 from ticklock._coordination import FleetState
 from ticklock._fleet import Fate, JobState
 from ticklock._job import Job, Outcome, RunResult
-from ticklock._plan import unattempted
+from ticklock._ledger import unattempted
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio

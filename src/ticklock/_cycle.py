@@ -18,6 +18,7 @@ from ._crew import Crew
 from ._entry import Entry
 from ._health import health
 from ._job import Job, JobHealth, Outcome, RunResult
+from ._ledger import unattempted
 from ._plan import (
     GIVE_UP_FOR,
     Attempt,
@@ -37,7 +38,6 @@ from ._plan import (
     plan,
     standing,
     steer,
-    unattempted,
 )
 from ._sharing import GRACE
 from ._telemetry import Telemetry, logger
