@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import random
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import textwrap
 from datetime import datetime, timedelta, timezone
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -529,3 +531,62 @@ def test_next_fire_matches_brute_force(
         assert got is None or got > after + timedelta(days=3)
     else:
         assert got == expected, (expr, zone_name, after)
+
+
+@pytest.mark.parametrize(
+    "tz",
+    [
+        "UTC",
+        "Europe/Berlin",
+        "Europe/Dublin",  # negative DST in tzdata
+        "America/Sao_Paulo",
+        "Australia/Lord_Howe",  # a half-hour shift
+        "Pacific/Apia",  # a skipped day
+        "Africa/Casablanca",  # DST suspended each Ramadan
+        "Asia/Tehran",
+        "Pacific/Chatham",
+    ],
+)
+def test_the_steady_path_gives_what_the_walk_gives(tz: str) -> None:
+    from ticklock import _cron
+    from ticklock._zones import zone as load
+
+    rng = random.Random(tz)
+    zone = load(tz)
+    exprs = [
+        "* * * * *",
+        "*/7 1-3 * * *",
+        "30 2 * * *",
+        "0 0-23 * * *",
+        "59 23 * * 0",
+        "0 12 1 * *",
+    ]
+    start = datetime(2011, 1, 1, tzinfo=timezone.utc).timestamp()
+    end = datetime(2031, 1, 1, tzinfo=timezone.utc).timestamp()
+    transitions = _transitions(zone, datetime(2024, 1, 1, tzinfo=timezone.utc).timestamp(), end)
+    for expr in exprs:
+        spec = _cron.CronSpec.parse(expr)
+        for _ in range(50):
+            after = datetime.fromtimestamp(rng.uniform(start, end), tz=timezone.utc)
+            assert _cron.next_fire(spec, zone, after) == _cron._walk(spec, zone, after), (
+                expr,
+                after,
+            )
+        # and at each of the zone's transitions in the range, from just before and after them
+        for when in transitions[:6]:
+            for delta in (-7200, -61, -1, 0, 1, 59, 3600):
+                after = when + timedelta(seconds=delta)
+                assert _cron.next_fire(spec, zone, after) == _cron._walk(spec, zone, after)
+
+
+def _transitions(zone: Any, start: float, end: float) -> list[datetime]:
+    """The instants in the range where ``zone``'s offset changes (to the hour)."""
+    found, t = [], start
+    before = datetime.fromtimestamp(t, tz=timezone.utc).astimezone(zone).utcoffset()
+    while t < end:
+        t += 3600
+        now = datetime.fromtimestamp(t, tz=timezone.utc).astimezone(zone).utcoffset()
+        if now != before:
+            found.append(datetime.fromtimestamp(t - 3600, tz=timezone.utc))
+        before = now
+    return found

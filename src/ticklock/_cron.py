@@ -41,6 +41,9 @@ _FIELDS = (
 # The longest DST shift searched around an instant (historic double summer time was 2 h).
 _SHIFT = timedelta(hours=3)
 _MINUTE = timedelta(minutes=1)
+_STEADY = timedelta(
+    days=2
+)  # no zone has two transitions this close: one offset, checked at both ends
 _LAST_MINUTE = datetime(9999, 12, 31, 23, 59)  # the last wall time a datetime holds
 # A schedule that finds no fire in a full 28-year calendar cycle never fires.
 _HORIZON_YEARS = 29
@@ -246,6 +249,35 @@ def _gap_end(low: datetime, high: datetime, zone: ZoneInfo) -> datetime:
 def next_fire(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | None:
     """The first fire instant strictly after the aware ``after``, in UTC; ``None`` if none
     comes before the end of year 9999."""
+    steady = _steady_fire(spec, zone, after)
+    return steady if steady is not None else _walk(spec, zone, after)
+
+
+def _steady_fire(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """:func:`next_fire` where ``zone``'s offset is the same :data:`_SHIFT` before ``after``,
+    at ``after`` and :data:`_SHIFT` after a fire at most :data:`_STEADY` away (no DST
+    transition near: wall time is UTC plus one offset, and the rules for repeated and skipped
+    wall times have nothing to decide); ``None`` elsewhere, for :func:`_walk`."""
+    try:
+        utc = after.astimezone(timezone.utc)
+        offset = (utc - _SHIFT).astimezone(zone).utcoffset()
+        if offset is None or utc.astimezone(zone).utcoffset() != offset:
+            return None
+        local = (utc + offset).replace(tzinfo=None)
+        fire = spec.next_naive(local.replace(second=0, microsecond=0) + _MINUTE)
+        if fire is None or fire - local > _STEADY:
+            return None
+        instant = (fire - offset).replace(tzinfo=timezone.utc)
+        if (instant + _SHIFT).astimezone(zone).utcoffset() != offset:
+            return None
+    except OverflowError:  # near year 1 or 9999: the walk knows the edges
+        return None
+    return instant
+
+
+def _walk(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """:func:`next_fire` by the rules for DST: walk the wall times from :data:`_SHIFT` before
+    ``after`` and map each to its instants (:func:`instants`)."""
     try:
         local_after = after.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0)
     except OverflowError:  # ``after`` is a local time beyond year 9999 (or before year 1)
