@@ -18,6 +18,7 @@ import anyio
 from .._plan import first_fires
 from .._scheduler import Scheduler
 from .._triggers import Cron, Every
+from . import logs
 from .errors import EXIT_OK, CommandError
 
 BUILT_IN = ("ticklock.retention",)  # the jobs ticklock adds itself (in PostgreSQL mode)
@@ -70,6 +71,9 @@ async def serve(scheduler: Scheduler) -> None:
 
 def run(args: argparse.Namespace) -> int:
     scheduler = load_scheduler(args.target)
+    logs.configure()  # after the import: a module that configured logging keeps its own
+    if args.log_level is not None:  # given: it wins over a level the module set
+        logging.getLogger("ticklock").setLevel(args.log_level.upper())
     if args.dsn:
         scheduler.use_dsn(args.dsn)
     anyio.run(serve, scheduler)
