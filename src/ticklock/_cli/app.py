@@ -11,14 +11,11 @@ import sys
 import traceback
 from datetime import datetime, timezone
 from functools import reduce
-from itertools import islice
 
 import anyio
 
-from .._plan import first_fires
 from .._scheduler import Scheduler
-from .._triggers import Cron, Every
-from . import logs
+from . import logs, plan
 from .errors import EXIT_OK, CommandError
 
 BUILT_IN = ("ticklock.retention",)  # the jobs ticklock adds itself (in PostgreSQL mode)
@@ -95,14 +92,8 @@ def jobs(args: argparse.Namespace) -> int:
         print(f"{label(job.id)}: {job.trigger.describe()}, timeout {job.timeout:g}s{state}")
         if not job.enabled:
             continue
-        for n, fire in enumerate(islice(first_fires(job, now), args.count)):
-            note = ""
-            if isinstance(job.trigger, Cron):
-                zone = job.trigger.zone
-                note = f"  ({fire.astimezone(zone).isoformat(timespec='seconds')} {zone.key})"
-            elif n == 0 and isinstance(job.trigger, Every):
-                note = "  (if started now; then one interval after each run ends)"
-            print(f"    {fire.isoformat(timespec='seconds')}{note}")
+        for line in plan.lines(job, now, args.count):
+            print(line)
     return EXIT_OK
 
 

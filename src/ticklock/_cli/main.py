@@ -109,7 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands["jobs"].add_argument("target", help="MODULE:ATTR naming a ticklock.Scheduler")
     commands["jobs"].add_argument(
-        "--count", type=int, default=5, help="how many fire times to show (default: 5)"
+        "--count",
+        type=int,
+        default=5,
+        help="how many fire times of a cron job to show (default: 5); an every job's "
+        "first (each next one comes an interval after a run ends)",
     )
     commands["demo"].add_argument(
         "--seconds",
