@@ -255,3 +255,37 @@ def test_run_prints_each_log_line_once(
     assert len(set(runs)) == len(runs), lines  # each slot's line once
     assert all(shown in line for line in runs), runs
     assert sum("scheduler stopped" in line for line in lines) == 1, lines
+
+
+@pytest.mark.parametrize(
+    ("exc", "dsn", "hint"),
+    [
+        (
+            TimeoutError(),
+            "postgresql://u:Zq1@db.internal:6432/x",
+            "'db.internal:6432' did not answer in time: check the host and port in the DSN "
+            "(--dsn or TICKLOCK_DSN), and any firewall on the way",
+        ),
+        (
+            FileNotFoundError(2, "No such file or directory"),
+            "postgresql:///x?host=/nowhere",
+            "cannot reach the host and port the DSN names (or PGHOST and PGPORT): check the host "
+            "and port in the DSN (--dsn or TICKLOCK_DSN), and that PostgreSQL runs there",
+        ),
+        (
+            ConnectionRefusedError(111, "Connect call failed"),
+            "postgresql://u:Zq1@[::1]:1/x",
+            "nothing accepts connections at '[::1]:1': check that PostgreSQL runs there, and the "
+            "host and port in the DSN (--dsn or TICKLOCK_DSN)",
+        ),
+        (ValueError("not a connection error"), "postgresql://db/x", None),
+        (ConnectionRefusedError(111, "refused"), None, None),  # no database command
+    ],
+    ids=["timeout", "no_socket", "refused_ipv6", "other", "no_dsn"],
+)
+def test_the_hint_names_what_to_check_and_never_the_password(
+    exc: BaseException, dsn: str | None, hint: str | None
+) -> None:
+    from ticklock._cli.hints import advice
+
+    assert advice(exc, dsn, "ticklock") == hint

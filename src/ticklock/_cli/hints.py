@@ -42,4 +42,4 @@ def _address(dsn: str) -> str:
         netloc = urlsplit(dsn).netloc.rpartition("@")[2]
     except ValueError:
         netloc = ""
-    return repr(netloc) if netloc else "the DSN's host (the local socket by default)"
+    return repr(netloc) if netloc else "the host and port the DSN names (or PGHOST and PGPORT)"
