@@ -221,6 +221,9 @@ async def purge(ctx): ...
 @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), id="nightly")
 async def nightly(ctx): ...
 
+@scheduler.job(cron("@hourly", jitter=30), id="hourly")
+async def hourly(ctx): ...
+
 @scheduler.job(every(60), id="off", enabled=False)
 async def off(ctx): ...
 """
@@ -234,18 +237,21 @@ def test_jobs_prints_whole_seconds_and_the_first_fires_as_planned(
     monkeypatch.setattr(ticklock._cli.app, "datetime", _Frozen(now))
     assert main(["jobs", "cli_jobs:scheduler", "--count", "3"]) == 0
     assert capsys.readouterr().out.splitlines() == [
+        # an every job's next fires follow its runs' ends and jitter: only its first is known
         "ticklock.retention (built-in): every 1m (jitter 10s), timeout 30s",
-        "    2026-03-28T12:00:07+00:00  (if started now; then one interval after each run ends)",
-        "    2026-03-28T12:01:07+00:00",
-        "    2026-03-28T12:02:07+00:00",
+        "    2026-03-28T12:00:07+00:00  (if started now, + up to 10s jitter)",
+        "    then one interval (1m) after each run ends (+ up to 10s jitter)",
         "purge: every 15m, timeout 300s",
-        "    2026-03-28T12:01:37+00:00  (if started now; then one interval after each run ends)",
-        "    2026-03-28T12:16:37+00:00",
-        "    2026-03-28T12:31:37+00:00",
+        "    2026-03-28T12:01:37+00:00  (if started now)",
+        "    then one interval (15m) after each run ends",
         "nightly: cron '17 3 * * *' Europe/Berlin, timeout 300s",
         "    2026-03-29T01:17:00+00:00  (2026-03-29T03:17:00+02:00 Europe/Berlin)",
         "    2026-03-30T01:17:00+00:00  (2026-03-30T03:17:00+02:00 Europe/Berlin)",
         "    2026-03-31T01:17:00+00:00  (2026-03-31T03:17:00+02:00 Europe/Berlin)",
+        "hourly: cron '@hourly' UTC (jitter 30s), timeout 300s",
+        "    2026-03-28T13:00:00+00:00  (2026-03-28T13:00:00+00:00 UTC, + up to 30s jitter)",
+        "    2026-03-28T14:00:00+00:00  (2026-03-28T14:00:00+00:00 UTC, + up to 30s jitter)",
+        "    2026-03-28T15:00:00+00:00  (2026-03-28T15:00:00+00:00 UTC, + up to 30s jitter)",
         "off: every 1m, timeout 30s  (disabled: never runs)",
     ]
 
@@ -299,10 +305,20 @@ def test_the_demo_lists_its_plan_before_the_first_runs() -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "ticklock demo (local mode). Jobs and their next slots (UTC):"
+    # an every job's first slot, then how the next ones come: after each run, with jitter
     assert re.fullmatch(
-        r"  heartbeat  every 2s \(jitter 0\.5s\) +next: (\d\d:\d\d:\d\d, ){2}\d\d:\d\d:\d\d",
+        r"  heartbeat  every 2s \(jitter 0\.5s\) +next: \d\d:\d\d:\d\d \(\+ up to 0\.5s "
+        r"jitter\), then one interval \(2s\) after each run ends \(\+ up to 0\.5s jitter\)",
         lines[1],
-    )
+    ), lines[1]
+    assert re.fullmatch(
+        r"  flaky +every 3s +next: \d\d:\d\d:\d\d, then one interval \(3s\) after each run ends",
+        lines[2],
+    ), lines[2]
+    assert re.fullmatch(
+        r"  minutely +cron '\* \* \* \* \*' Europe/Berlin +next: (\d\d:\d\d:00, ){2}\d\d:\d\d:00",
+        lines[3],
+    ), lines[3]
     runs = [line for line in lines if " slot=" in line]
     assert runs, out.stdout
     for line in runs:

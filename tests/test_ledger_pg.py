@@ -188,8 +188,11 @@ async def test_every_fate_and_reason_happens_for_real(server: TempPostgres) -> N
     assert text.returncode == 0, text.stderr
     assert "covered" in text.stdout and "the database was unreachable (from a)" in text.stdout
     shown = await anyio.to_thread.run_sync(cli, "slots", "catch", "--since", since, "--json")
-    slots: list[dict[str, Any]] = json.loads(shown.stdout)
+    body: dict[str, Any] = json.loads(shown.stdout)  # as /api/jobs/{id}/slots answers
+    assert body["job_id"] == "catch" and set(body) == {"job_id", "since", "until", "slots"}
+    slots: list[dict[str, Any]] = body["slots"]
     assert {"ran", "covered"} <= {s["fate"] for s in slots}
+    assert all(s["job_id"] == "catch" for s in slots)
     assert all(s["run"]["job_id"] == "catch" for s in slots if s["run"] is not None)
     held = await anyio.to_thread.run_sync(cli, "slots", "held", "--since", since)
     assert "paused by ops" in held.stdout and "INC-42" in held.stdout

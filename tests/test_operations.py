@@ -440,10 +440,10 @@ async def test_history_shows_the_last_runs_newest_first_with_outcome_error_and_m
         }
         for r in rows
     ]
-    assert as_json.json() == expected
-    failures = [run for run in as_json.json() if run["outcome"] == "failure"]
+    assert as_json.json() == {"job_id": "flaky", "runs": expected}  # /api/jobs/{id}/runs's
+    failures = [run for run in as_json.json()["runs"] if run["outcome"] == "failure"]
     assert failures and all(re.fullmatch(r"RuntimeError: boom \d+", f["error"]) for f in failures)
-    successes = [run for run in as_json.json() if run["outcome"] == "success"]
+    successes = [run for run in as_json.json()["runs"] if run["outcome"] == "success"]
     assert successes and all(run["report"]["n"] % 2 == 1 for run in successes)
 
     limited = await ops.cli("history", "flaky", "--limit", "2")
@@ -457,7 +457,7 @@ async def test_history_shows_the_last_runs_newest_first_with_outcome_error_and_m
         note = row["error"] or json.dumps(json.loads(row["report"]))
         assert line.endswith(note), (line, note)
     limited_json = await ops.cli("history", "flaky", "--limit", "2", "--json")
-    assert limited_json.json() == expected[:2]
+    assert limited_json.json()["runs"] == expected[:2]
 
     unknown = await ops.cli("history", "no-such-job")
     assert unknown.code == 1 and "'no-such-job'" in unknown.err, unknown

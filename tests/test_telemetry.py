@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -215,3 +218,40 @@ async def test_a_timeout_span_records_a_timeout_error_where_the_handler_waited(
     assert attrs["exception.type"] == "TimeoutError"
     assert attrs["exception.message"] == "timed out after 5 s"
     assert "stuck_on_something" in str(attrs["exception.stacktrace"])
+
+
+def _fails_deeper() -> None:
+    raise RuntimeError("boom in a helper")
+
+
+async def test_a_logged_traceback_starts_at_the_handler_and_an_every_slot_at_the_millisecond(
+    otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
+    start = T0 + timedelta(microseconds=123_556)  # an every job's first slot: its start
+    clock = ManualClock(start)
+    scheduler = Scheduler(clock=clock, tracer_provider=otel.tracer_provider)
+
+    @scheduler.job(every(60), id="bad")
+    async def bad(ctx: JobContext) -> None:
+        _fails_deeper()
+
+    caplog.set_level(logging.INFO, logger="ticklock")
+    async with scheduler:
+        await clock.advance(1)
+    (line,) = [r for r in caplog.records if getattr(r, "job_id", None) == "bad"]
+    # the message rounds the slot to the millisecond; the record's data keeps it whole
+    assert line.getMessage().startswith("run bad slot=2026-05-01T00:00:00.124+00:00 ")
+    assert line.slot == start.isoformat()  # type: ignore[attr-defined]
+    assert line.exc_info is not None
+    shown = logging.Formatter().formatException(line.exc_info)
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', shown)
+    assert [name for _, name in frames] == ["bad", "_fails_deeper"], shown
+    # the exception itself is intact: its traceback, as the span records it, still holds
+    # the machinery that called the handler
+    exc = line.exc_info[1]
+    assert exc is not None and exc.__traceback__ is not None
+    assert exc.__traceback__.tb_frame.f_code.co_filename.endswith(f"ticklock{os.sep}_runner.py")
+    (span,) = otel.finished("bad")
+    (event,) = span.events
+    stack = str((event.attributes or {})["exception.stacktrace"])
+    assert "_runner.py" in stack and "_fails_deeper" in stack

@@ -7,12 +7,11 @@ import logging
 import random
 import signal
 from datetime import datetime, timezone
-from itertools import islice
 
 import anyio
 
+from ._cli.plan import summary
 from ._job import JobContext
-from ._plan import first_fires
 from ._scheduler import Scheduler
 from ._triggers import cron, every
 
@@ -72,12 +71,12 @@ async def demo(seconds: float | None = None) -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     scheduler = build()
-    # the slots as a scheduler started now plans them (the runs are short here)
+    # the slots as a scheduler started now plans them
     now = datetime.now(timezone.utc)
     print("ticklock demo (local mode). Jobs and their next slots (UTC):")
+    width = max(len(job.trigger.describe()) for job in scheduler.jobs.values())
     for job in scheduler.jobs.values():
-        fires = ", ".join(f"{fire:%H:%M:%S}" for fire in islice(first_fires(job, now), 3))
-        print(f"  {job.id:<10} {job.trigger.describe():<40} next: {fires}")
+        print(f"  {job.id:<10} {job.trigger.describe():<{width}}  {summary(job, now, 3)}")
     print("Press Ctrl-C to stop.\n", flush=True)
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with scheduler:

@@ -1,7 +1,11 @@
 """What an operator sees and steers of a fleet: job, run and replica records, and the operations.
 
-The records' JSON (:func:`job_json`, :func:`run_json`, :func:`replica_json`) is written here once,
-for ``ticklock status --json`` / ``history --json`` and for the dashboard's JSON API.
+The JSON of the records (:func:`job_json`, :func:`run_json`, :func:`slot_json`,
+:func:`replica_json`, :func:`action_json`) and of the answers that hold them (:func:`jobs_json`,
+:func:`runs_json`, :func:`slots_json`, :func:`replicas_json`) is written here once: ``ticklock
+status --json``, ``history --json`` and ``slots --json`` print what the dashboard's
+``/api/jobs``, ``/api/jobs/{id}/runs`` and ``/api/jobs/{id}/slots`` answer, with ``job_id`` in
+every record of a job.
 
 :class:`Fleet` is the seam the CLI and the dashboard use. In PostgreSQL mode
 (``ticklock._postgres.fleet.PostgresFleet``) it reads and writes the namespace's tables, so an
@@ -17,6 +21,7 @@ import json
 import os
 import socket
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -283,9 +288,10 @@ def done(action: Action) -> str:
     return f"{verb} by {action.who} at {iso(action.at)}{note}"
 
 
-def slot_json(slot: SlotRecord) -> dict[str, Any]:
-    """A slot of the ledger as ``ticklock slots --json`` gives it."""
+def slot_json(slot: SlotRecord, job_id: str) -> dict[str, Any]:
+    """A slot of ``job_id``'s ledger as ``ticklock slots --json`` and the dashboard give it."""
     return {
+        "job_id": job_id,
         "slot": iso(slot.slot),
         "fate": slot.fate.value,
         "reason": slot.reason,
@@ -320,6 +326,41 @@ def replica_json(replica: Replica) -> dict[str, Any]:
         "jobs": list(replica.jobs),
         "failing": list(replica.failing),
     }
+
+
+def jobs_json(
+    namespace: str, jobs: Iterable[JobRecord], replicas: Iterable[Replica] | None = None
+) -> dict[str, Any]:
+    """The jobs of a namespace as ``/api/jobs`` gives them; with ``replicas`` (``ticklock
+    status --json``) the live replicas too."""
+    body: dict[str, Any] = {"namespace": namespace, "jobs": [job_json(job) for job in jobs]}
+    if replicas is not None:
+        body["replicas"] = [replica_json(replica) for replica in replicas]
+    return body
+
+
+def runs_json(job_id: str, runs: Iterable[RunRecord]) -> dict[str, Any]:
+    """A job's runs, newest first, as ``ticklock history --json`` and ``/api/jobs/{id}/runs``
+    give them."""
+    return {"job_id": job_id, "runs": [run_json(run) for run in runs]}
+
+
+def slots_json(
+    job_id: str, since: datetime, until: datetime, slots: Iterable[SlotRecord]
+) -> dict[str, Any]:
+    """A job's ledger from ``since`` to ``until``, oldest first, as ``ticklock slots --json``
+    and ``/api/jobs/{id}/slots`` give it."""
+    return {
+        "job_id": job_id,
+        "since": iso(since),
+        "until": iso(until),
+        "slots": [slot_json(slot, job_id) for slot in slots],
+    }
+
+
+def replicas_json(namespace: str, replicas: Iterable[Replica]) -> dict[str, Any]:
+    """The live replicas of a namespace as ``/api/replicas`` gives them."""
+    return {"namespace": namespace, "replicas": [replica_json(r) for r in replicas]}
 
 
 def iso(when: datetime | None) -> str | None:

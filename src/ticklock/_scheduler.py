@@ -321,7 +321,17 @@ class Scheduler:
         the audit log; by default the ``display_name`` of the user Starlette's
         ``AuthenticationMiddleware`` authenticated, else ``dashboard (<client address>)``.
         Needs ``ticklock[dashboard]``."""
-        from ._dashboard import create_app
+        try:
+            from ._dashboard import create_app
+        except ImportError as exc:  # the extra, not installed: say which (as the CLI does)
+            missing = (exc.name or "?").partition(".")[0]
+            if missing.startswith("ticklock"):
+                raise
+            raise ModuleNotFoundError(
+                f"scheduler.dashboard() needs its extra: pip install 'ticklock[dashboard]' "
+                f"({missing} is not installed)",
+                name=missing,
+            ) from None
 
         return create_app(
             self._fleet,

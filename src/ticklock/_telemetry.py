@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
+from types import TracebackType
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -155,7 +157,7 @@ class Telemetry:
             level,
             "run %s slot=%s outcome=%s duration=%.3fs%s report=%s%s",
             result.job_id,
-            slot,
+            _millis(result.slot) if result.slot is not None else "-",
             result.outcome.value,
             result.duration,
             f" batches={result.batches}{' capped' if result.capped else ''}"
@@ -164,7 +166,7 @@ class Telemetry:
             report,
             f" error={result.error}" if result.error else "",
             # No traceback for 'error': the coordinator logs an outage once, with its cause.
-            exc_info=exc if result.outcome in _TRACED and exc is not None else None,
+            exc_info=_from_user(exc) if result.outcome in _TRACED and exc is not None else None,
             extra={
                 "job_id": result.job_id,
                 "slot": slot,
@@ -177,3 +179,28 @@ class Telemetry:
                 "capped": result.capped,
             },
         )
+
+
+def _millis(slot: datetime) -> str:
+    """``slot`` for the log line, rounded to the millisecond (an ``every`` job's slot has
+    microseconds; a whole second shows none); the record's ``slot`` keeps them all."""
+    shown = slot + timedelta(microseconds=500)
+    shown = shown.replace(microsecond=shown.microsecond // 1000 * 1000)
+    return shown.isoformat(timespec="milliseconds" if shown.microsecond else "seconds")
+
+
+_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
+def _from_user(
+    exc: BaseException,
+) -> tuple[type[BaseException], BaseException, TracebackType | None]:
+    """``exc`` for the log, its traceback starting at the first frame outside ticklock (the
+    user's handler), without the frames of the machinery that called it (``_runner._hold``,
+    ``_blocked.watch``...); the whole traceback when no frame is the user's. ``exc`` itself,
+    and its ``__traceback__`` that OpenTelemetry records, stay as they are."""
+    whole = exc.__traceback__
+    tb = whole
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
+    return type(exc), exc, tb or whole

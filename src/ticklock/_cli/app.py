@@ -11,13 +11,11 @@ import sys
 import traceback
 from datetime import datetime, timezone
 from functools import reduce
-from itertools import islice
 
 import anyio
 
-from .._plan import first_fires
 from .._scheduler import Scheduler
-from .._triggers import Cron, Every
+from . import logs, plan
 from .errors import EXIT_OK, CommandError
 
 BUILT_IN = ("ticklock.retention",)  # the jobs ticklock adds itself (in PostgreSQL mode)
@@ -70,6 +68,9 @@ async def serve(scheduler: Scheduler) -> None:
 
 def run(args: argparse.Namespace) -> int:
     scheduler = load_scheduler(args.target)
+    logs.configure()  # after the import: a module that configured logging keeps its own
+    if args.log_level is not None:  # given: it wins over a level the module set
+        logging.getLogger("ticklock").setLevel(args.log_level.upper())
     if args.dsn:
         scheduler.use_dsn(args.dsn)
     anyio.run(serve, scheduler)
@@ -91,14 +92,8 @@ def jobs(args: argparse.Namespace) -> int:
         print(f"{label(job.id)}: {job.trigger.describe()}, timeout {job.timeout:g}s{state}")
         if not job.enabled:
             continue
-        for n, fire in enumerate(islice(first_fires(job, now), args.count)):
-            note = ""
-            if isinstance(job.trigger, Cron):
-                zone = job.trigger.zone
-                note = f"  ({fire.astimezone(zone).isoformat(timespec='seconds')} {zone.key})"
-            elif n == 0 and isinstance(job.trigger, Every):
-                note = "  (if started now; then one interval after each run ends)"
-            print(f"    {fire.isoformat(timespec='seconds')}{note}")
+        for line in plan.lines(job, now, args.count):
+            print(line)
     return EXIT_OK
 
 

@@ -16,10 +16,9 @@ from .._fleet import (
     caller,
     checked,
     done,
-    job_json,
+    jobs_json,
     json_text,
-    replica_json,
-    run_json,
+    runs_json,
 )
 from .._postgres.fleet import PostgresFleet, from_connection
 from .app import label
@@ -90,16 +89,7 @@ async def status(args: argparse.Namespace) -> int:
         return EXIT_NOT_OK
     alarm = any(job.state in states for job in jobs)
     if args.json:
-        print(
-            json_text(
-                {
-                    "namespace": args.namespace,
-                    "jobs": [job_json(j) for j in jobs],
-                    "replicas": [replica_json(r) for r in replicas],
-                },
-                indent=2,
-            )
-        )
+        print(json_text(jobs_json(args.namespace, jobs, replicas), indent=2))
         return EXIT_NOT_OK if alarm else EXIT_OK
     width = max(24, *(len(label(job.job_id)) for job in jobs))
     print(
@@ -158,7 +148,7 @@ async def history(args: argparse.Namespace) -> int:
         except KeyError as exc:
             return refused(exc)
     if args.json:
-        print(json_text([run_json(run) for run in runs], indent=2))
+        print(json_text(runs_json(args.job, runs), indent=2))
         return EXIT_OK
     print(f"{'finished':<25}  {'slot':<25}  {'outcome':<9}  {'seconds':>8}  {'owner':<20}  note")
     for run in runs:

@@ -6,7 +6,7 @@ import argparse
 import re
 from datetime import datetime, timedelta, timezone
 
-from .._fleet import Fate, json_text, slot_json
+from .._fleet import Fate, json_text, slots_json
 from .errors import EXIT_OK, CommandError
 from .fleet import one_line, open_fleet, refused, when
 
@@ -48,7 +48,7 @@ async def slots(args: argparse.Namespace) -> int:
         except KeyError as exc:
             return refused(exc)
     if args.json:
-        print(json_text([slot_json(slot) for slot in ledger], indent=2))
+        print(json_text(slots_json(args.job, since, until, ledger), indent=2))
         return EXIT_OK
     counts: dict[Fate, int] = {}
     for slot in ledger:

@@ -35,12 +35,11 @@ from .._fleet import (
     JobState,
     RunRecord,
     SlotRecord,
-    iso,
-    job_json,
+    jobs_json,
     json_text,
-    replica_json,
-    run_json,
-    slot_json,
+    replicas_json,
+    runs_json,
+    slots_json,
 )
 from . import hosts
 from .chart import duration_chart, seconds_label
@@ -246,27 +245,24 @@ def create_app(
 
     async def api_jobs(request: Request) -> Response:
         jobs = await ask(fleet.jobs)
-        return _json({"namespace": fleet.namespace, "jobs": [job_json(j) for j in jobs]})
+        return _json(jobs_json(fleet.namespace, jobs))
 
     async def api_runs(request: Request) -> Response:
         job_id: str = request.path_params["job_id"]
         limit = _limit(request)
         runs = await ask(lambda: fleet.history(job_id, limit, max_text=MAX_TEXT), job_id)
-        return _json({"job_id": job_id, "runs": [run_json(r) for r in runs]})
+        return _json(runs_json(job_id, runs))
 
     async def api_slots(request: Request) -> Response:
         job_id: str = request.path_params["job_id"]
         until = wall.now()
         since = until - WINDOWS[_window(request)]
         slots = await ask(lambda: fleet.slots(job_id, since, until, limit=MAX_SLOTS), job_id)
-        body = {"job_id": job_id, "since": iso(since), "until": iso(until)}
-        return _json({**body, "slots": [slot_json(_short(slot)) for slot in slots]})
+        return _json(slots_json(job_id, since, until, [_short(slot) for slot in slots]))
 
     async def api_replicas(request: Request) -> Response:
         replicas = await ask(fleet.replicas)
-        return _json(
-            {"namespace": fleet.namespace, "replicas": [replica_json(r) for r in replicas]}
-        )
+        return _json(replicas_json(fleet.namespace, replicas))
 
     async def health(request: Request) -> Response:
         jobs = await ask(fleet.jobs)

@@ -218,38 +218,12 @@ class Database:
 
     def _fix(self, exc: BaseException) -> str:
         """What an operator does about ``exc``."""
-        import asyncpg
-
-        if isinstance(exc, asyncpg.InvalidPasswordError):
-            fix = "check the password in the DSN (or PGPASSWORD / ~/.pgpass)"
-        elif isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
-            fix = "create the role (CREATE ROLE ... LOGIN), or correct the user in the DSN"
-        elif isinstance(exc, asyncpg.InvalidCatalogNameError):
-            fix = "create the database, or correct its name in the DSN"
-        elif isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "accepting" in str(exc):
-            fix = "let the database accept connections (ALTER DATABASE ... ALLOW_CONNECTIONS true)"
-        elif isinstance(exc, asyncpg.InsufficientPrivilegeError) and "CONNECT" in str(
-            getattr(exc, "detail", None)
-        ):
-            fix = "GRANT CONNECT ON DATABASE ... to the DSN's user"
-        elif isinstance(exc, (asyncpg.InsufficientPrivilegeError, _Ungranted)):
-            s = self.schema
-            grants = (
-                f"GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES "
-                f"IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} to it"
-            )
-            fix = (
-                f"the tables are there: {grants}"
-                if isinstance(exc, _Ungranted)
-                else f"the DSN's user needs CREATE on the database, for ticklock to create its "
-                f"tables in schema {s!r}; or, once 'ticklock migrate' has created them as "
-                f"another user: {grants}"
-            )
-        elif self.classify(exc):
-            fix = "the database did not answer, and require_database=True fails start-up"
-        else:
-            fix = "ticklock cannot work with this database as it is"
-        return fix
+        fix = advice(exc, self.schema)
+        if fix is not None:
+            return fix
+        if self.classify(exc):
+            return "the database did not answer, and require_database=True fails start-up"
+        return "ticklock cannot work with this database as it is"
 
     def lost(self, exc: Exception) -> None:
         """Note that a statement found ticklock's tables missing (a database restored or
@@ -335,3 +309,36 @@ def _answered(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.ClientConfigurationError):
         return False
     return isinstance(exc, (OSError, asyncpg.InterfaceError, asyncpg.PostgresError, _Ungranted))
+
+
+def advice(exc: BaseException, schema: str) -> str | None:
+    """What an operator does about ``exc``, an answer of the database that names its cause
+    (a wrong password, a missing role, database or grant), or ``None``."""
+    import asyncpg
+
+    if isinstance(exc, asyncpg.InvalidPasswordError):
+        return "check the password in the DSN (or PGPASSWORD / ~/.pgpass)"
+    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+        return "create the role (CREATE ROLE ... LOGIN), or correct the user in the DSN"
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return "create the database, or correct its name in the DSN"
+    if isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError) and "accepting" in str(exc):
+        return "let the database accept connections (ALTER DATABASE ... ALLOW_CONNECTIONS true)"
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError) and "CONNECT" in str(
+        getattr(exc, "detail", None)
+    ):
+        return "GRANT CONNECT ON DATABASE ... to the DSN's user"
+    if isinstance(exc, (asyncpg.InsufficientPrivilegeError, _Ungranted)):
+        s = schema
+        grants = (
+            f"GRANT USAGE ON SCHEMA {s}, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES "
+            f"IN SCHEMA {s} and GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} to it"
+        )
+        return (
+            f"the tables are there: {grants}"
+            if isinstance(exc, _Ungranted)
+            else f"the DSN's user needs CREATE on the database, for ticklock to create its "
+            f"tables in schema {s!r}; or, once 'ticklock migrate' has created them as "
+            f"another user: {grants}"
+        )
+    return None
