@@ -35,15 +35,6 @@ def test_the_testing_page_batched_example_passes() -> None:
     anyio.run(namespace["test_the_sweep_is_capped_and_the_next_run_goes_on_from_the_cursor"])
 
 
-def test_the_getting_started_jobs_module_declares_cleanly() -> None:
-    namespace: dict[str, Any] = {"__name__": "docs_index_example"}
-    exec(python_blocks("index.md")[0], namespace)
-    assert list(namespace["scheduler"].jobs) in (
-        ["purge-expired"],
-        ["purge-expired", "ticklock.retention"],
-    )
-
-
 def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
     readme = (DOCS.parent / "README.md").read_text()
     ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()
@@ -57,7 +48,7 @@ def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
 
 def test_the_readme_example_is_the_file_mypy_checks() -> None:
     readme = (DOCS.parent / "README.md").read_text()
-    example = readme.split("## In 30 seconds\n", 1)[1]
+    example = readme.split("## Quick start\n", 1)[1]
     block = re.findall(r"```python\n(.*?)```", example, flags=re.S)[0]
     checked = Path(__file__).parent / "typing" / "readme_example.py"
     assert block == checked.read_text()  # `mypy --strict tests/typing` checks that file
