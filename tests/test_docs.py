@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -52,3 +56,39 @@ def test_the_readme_example_is_the_file_mypy_checks() -> None:
     block = re.findall(r"```python\n(.*?)```", example, flags=re.S)[0]
     checked = Path(__file__).parent / "typing" / "readme_example.py"
     assert block == checked.read_text()  # `mypy --strict tests/typing` checks that file
+
+
+@pytest.mark.postgres
+def test_the_testing_page_run_job_example_passes_under_pytest(tmp_path: Path, pg_dsn: str) -> None:
+    # Run as a user would: the page's myapp/jobs.py and tests/test_jobs.py, collected by
+    # pytest (annotations such as asyncpg.Connection[Any] are evaluated there), with a
+    # `conn` fixture of one's own and the `keys` table the job purges.
+    [jobs, test] = [b for b in python_blocks("testing.md") if "purge" in b]
+    assert jobs.startswith("# myapp/jobs.py\n") and test.startswith("# tests/test_jobs.py\n")
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "jobs.py").write_text(jobs)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_jobs.py").write_text(test)
+    (tmp_path / "tests" / "conftest.py").write_text(
+        "import asyncpg\nimport pytest\n\n\n"
+        "@pytest.fixture\n"
+        "async def conn():\n"
+        f"    conn = await asyncpg.connect({pg_dsn!r})\n"
+        "    await conn.execute('CREATE TEMP TABLE keys (expires_at timestamptz NOT NULL)')\n"
+        "    yield conn\n"
+        "    await conn.close()\n"
+    )
+    src = str(DOCS.parent / "src")
+    env = {k: v for k, v in os.environ.items() if k != "TICKLOCK_DSN"}
+    env["PYTHONPATH"] = os.pathsep.join([src, str(tmp_path)])
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_jobs.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout, result.stdout

@@ -174,7 +174,7 @@ def every(
 def cron(expr: str, *, tz: str = "UTC", jitter: Duration = 0) -> Cron:
     """A cron trigger: five Vixie fields or an ``@`` alias, in the IANA zone ``tz``::
 
-    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"))
+    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), timeout=1800)
     async def nightly(ctx: JobContext) -> None: ...
     """
     return Cron(expr=expr, tz=tz, jitter=_seconds(jitter, "jitter", "cron()"))
