@@ -92,3 +92,28 @@ def test_the_testing_page_run_job_example_passes_under_pytest(tmp_path: Path, pg
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout, result.stdout
+
+
+def test_the_reference_shows_the_defaults_job_declare_uses() -> None:
+    # The API page lists job()'s keywords with defaults that the TypedDict cannot carry: the
+    # extension's table of them must be what a declaration without the keyword gets.
+    import ast
+    import importlib.util
+
+    from ticklock import JobOptions, every
+    from ticklock._job import Job
+
+    path = DOCS / "reference" / "rst_docstrings.py"
+    spec = importlib.util.spec_from_file_location("rst_docstrings", path)
+    assert spec is not None and spec.loader is not None
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    defaults = {k: ast.literal_eval(v) for k, v in extension.JOB_OPTION_DEFAULTS.items()}
+    assert list(defaults) == list(JobOptions.__annotations__)
+
+    async def handler(ctx: Any) -> None: ...
+
+    plain = Job.declare(handler, every(3600))
+    spelled = Job.declare(handler, every(3600), **defaults)
+    fields = list(defaults)  # Job's fields carry the keywords' names
+    assert [getattr(spelled, f) for f in fields] == [getattr(plain, f) for f in fields]
