@@ -117,3 +117,26 @@ def test_the_reference_shows_the_defaults_job_declare_uses() -> None:
     spelled = Job.declare(handler, every(3600), **defaults)
     fields = list(defaults)  # Job's fields carry the keywords' names
     assert [getattr(spelled, f) for f in fields] == [getattr(plain, f) for f in fields]
+
+
+def test_the_logging_snippets_run_as_written() -> None:
+    # each snippet on its own, in a fresh namespace: no name it uses is left unimported
+    import logging
+
+    root, ours = logging.getLogger(), logging.getLogger("ticklock")
+    saved = (list(root.handlers), root.level, list(ours.handlers), ours.level)
+    pages = [DOCS.parent / "README.md", DOCS / "observability.md"]
+    snippets = [
+        block
+        for page in pages
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+        if ("basicConfig" in block or "log_to_stderr" in block) and "FastAPI" not in block
+    ]
+    assert len(snippets) == 4, snippets
+    try:
+        for snippet in snippets:
+            exec(snippet, {"__name__": "docs_logging_snippet"})
+    finally:
+        root.handlers[:], ours.handlers[:] = saved[0], saved[2]
+        root.setLevel(saved[1])
+        ours.setLevel(saved[3])
