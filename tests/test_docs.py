@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -35,15 +39,6 @@ def test_the_testing_page_batched_example_passes() -> None:
     anyio.run(namespace["test_the_sweep_is_capped_and_the_next_run_goes_on_from_the_cursor"])
 
 
-def test_the_getting_started_jobs_module_declares_cleanly() -> None:
-    namespace: dict[str, Any] = {"__name__": "docs_index_example"}
-    exec(python_blocks("index.md")[0], namespace)
-    assert list(namespace["scheduler"].jobs) in (
-        ["purge-expired"],
-        ["purge-expired", "ticklock.retention"],
-    )
-
-
 def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
     readme = (DOCS.parent / "README.md").read_text()
     ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()
@@ -57,7 +52,91 @@ def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
 
 def test_the_readme_example_is_the_file_mypy_checks() -> None:
     readme = (DOCS.parent / "README.md").read_text()
-    example = readme.split("## In 30 seconds\n", 1)[1]
+    example = readme.split("## Quick start\n", 1)[1]
     block = re.findall(r"```python\n(.*?)```", example, flags=re.S)[0]
     checked = Path(__file__).parent / "typing" / "readme_example.py"
     assert block == checked.read_text()  # `mypy --strict tests/typing` checks that file
+
+
+@pytest.mark.postgres
+def test_the_testing_page_run_job_example_passes_under_pytest(tmp_path: Path, pg_dsn: str) -> None:
+    # Run as a user would: the page's myapp/jobs.py and tests/test_jobs.py, collected by
+    # pytest (annotations such as asyncpg.Connection[Any] are evaluated there), with a
+    # `conn` fixture of one's own and the `keys` table the job purges.
+    [jobs, test] = [b for b in python_blocks("testing.md") if "purge" in b]
+    assert jobs.startswith("# myapp/jobs.py\n") and test.startswith("# tests/test_jobs.py\n")
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "jobs.py").write_text(jobs)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_jobs.py").write_text(test)
+    (tmp_path / "tests" / "conftest.py").write_text(
+        "import asyncpg\nimport pytest\n\n\n"
+        "@pytest.fixture\n"
+        "async def conn():\n"
+        f"    conn = await asyncpg.connect({pg_dsn!r})\n"
+        "    await conn.execute('CREATE TEMP TABLE keys (expires_at timestamptz NOT NULL)')\n"
+        "    yield conn\n"
+        "    await conn.close()\n"
+    )
+    src = str(DOCS.parent / "src")
+    env = {k: v for k, v in os.environ.items() if k != "TICKLOCK_DSN"}
+    env["PYTHONPATH"] = os.pathsep.join([src, str(tmp_path)])
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_jobs.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout, result.stdout
+
+
+def test_the_reference_shows_the_defaults_job_declare_uses() -> None:
+    # The API page lists job()'s keywords with defaults that the TypedDict cannot carry: the
+    # extension's table of them must be what a declaration without the keyword gets.
+    import ast
+    import importlib.util
+
+    from ticklock import JobOptions, every
+    from ticklock._job import Job
+
+    path = DOCS / "reference" / "rst_docstrings.py"
+    spec = importlib.util.spec_from_file_location("rst_docstrings", path)
+    assert spec is not None and spec.loader is not None
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    defaults = {k: ast.literal_eval(v) for k, v in extension.JOB_OPTION_DEFAULTS.items()}
+    assert list(defaults) == list(JobOptions.__annotations__)
+
+    async def handler(ctx: Any) -> None: ...
+
+    plain = Job.declare(handler, every(3600))
+    spelled = Job.declare(handler, every(3600), **defaults)
+    fields = list(defaults)  # Job's fields carry the keywords' names
+    assert [getattr(spelled, f) for f in fields] == [getattr(plain, f) for f in fields]
+
+
+def test_the_logging_snippets_run_as_written() -> None:
+    # each snippet on its own, in a fresh namespace: no name it uses is left unimported
+    import logging
+
+    root, ours = logging.getLogger(), logging.getLogger("ticklock")
+    saved = (list(root.handlers), root.level, list(ours.handlers), ours.level)
+    pages = [DOCS.parent / "README.md", DOCS / "observability.md"]
+    snippets = [
+        block
+        for page in pages
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+        if ("basicConfig" in block or "log_to_stderr" in block) and "FastAPI" not in block
+    ]
+    assert len(snippets) == 4, snippets
+    try:
+        for snippet in snippets:
+            exec(snippet, {"__name__": "docs_logging_snippet"})
+    finally:
+        root.handlers[:], ours.handlers[:] = saved[0], saved[2]
+        root.setLevel(saved[1])
+        ours.setLevel(saved[3])

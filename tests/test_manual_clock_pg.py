@@ -26,7 +26,7 @@ async def test_catch_up_across_three_days_with_a_shared_manual_clock(
     def replica(owner: str) -> Scheduler:
         scheduler = Scheduler(pg_dsn, schema=pg_schema, owner=owner, clock=clock)
 
-        @scheduler.job(cron("0 3 * * *"), id="nightly")
+        @scheduler.job(cron("0 3 * * *"), id="nightly", timeout=600)
         async def nightly(ctx: JobContext) -> None:
             runs.append((ctx.slot, ctx.previous_success))
             ran.set()

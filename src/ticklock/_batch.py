@@ -59,14 +59,13 @@ class Batch:
 
     @property
     def conn(self) -> asyncpg.Connection[Any] | None:
-        """The batch's connection, inside its transaction (the run's ``ctx.conn``); ``None``
-        in local mode."""
+        """Deprecated: use :attr:`db`. The same connection, or ``None`` in local mode."""
         return self._conn
 
     @property
     def db(self) -> asyncpg.Connection[Any]:
-        """The batch's connection (:attr:`conn`), never ``None``: raises
-        :class:`~ticklock.SchedulerStateError` in local mode."""
+        """The batch's connection, inside the batch's transaction (the run's ``ctx.db``):
+        write through it. Raises :class:`~ticklock.SchedulerStateError` in local mode."""
         if self._conn is None:
             raise SchedulerStateError(
                 f"job {self._job_id!r}: batch.db is the batch's PostgreSQL connection, and this "

@@ -1,9 +1,12 @@
 """Five-field Vixie cron: parsing, matching in naive local wall time, and the DST rule.
 
-Each matching wall time maps to UTC with :mod:`zoneinfo` by the Vixie/ISC cron rule
-(DESIGN.md section 3): a repeated wall time fires at every occurrence for *wildcard*
-expressions (minute or hour field starting with ``*``), else once at the first; a wall time
-in a gap is skipped by wildcard expressions, else fires once at the gap's end.
+Each matching wall time maps to UTC with :mod:`zoneinfo` by the Vixie/ISC cron rule (as in
+cronie): a repeated wall time (fall back) fires at every occurrence for *wildcard* expressions
+(the minute or the hour field starts with ``*``: ``*``, ``*/2``, ``*/15``), else once, at the
+first; a wall time in a gap (spring forward) is skipped by wildcard expressions, else fires
+once at the first real instant after the gap, collapsing with any other fire then. A day
+matches if either the day of month or the day of week does when neither field starts with
+``*``, else it must match both.
 """
 
 from __future__ import annotations

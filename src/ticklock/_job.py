@@ -46,11 +46,11 @@ class Outcome(str, enum.Enum):
 class JobContext:
     """What a run knows: its slot, the fleet's watermark, its deadline and its connection.
 
-    ``conn`` is the asyncpg connection that holds the job's lock, inside the tick's
+    ``db`` is the asyncpg connection that holds the job's lock, inside the tick's
     transaction: write through it and your writes commit with the watermark or not at all.
     It is lent for the tick: any use after the handler returns raises
-    ``asyncpg.InterfaceError``. It is ``None`` in local mode. ``db`` is the same connection,
-    typed as never ``None``, for handlers that run only in PostgreSQL mode::
+    ``asyncpg.InterfaceError``. In local mode (no database) it raises an error naming the
+    job; ``scheduler.postgres`` tells a handler meant for both modes which one runs::
 
         @scheduler.job(every(minutes=15), id="purge-expired")
         async def purge(ctx: JobContext) -> dict[str, int]:
@@ -68,6 +68,7 @@ class JobContext:
     """When the run's timeout expires (wall time, UTC)."""
     owner: str
     conn: asyncpg.Connection[Any] | None
+    """Deprecated: use :attr:`db`. The same connection, or ``None`` in local mode."""
     namespace: str = "default"
     attempt: int = 1
     """1 for a slot's first attempt, 2 for its first retry, and so on."""
@@ -94,8 +95,9 @@ class JobContext:
 
     @property
     def db(self) -> asyncpg.Connection[Any]:
-        """The tick's connection (``conn``), never ``None``: raises
-        :class:`~ticklock.SchedulerStateError`, naming the job, in local mode."""
+        """The tick's connection, inside the tick's transaction, holding the job's lock:
+        write through it. Raises :class:`~ticklock.SchedulerStateError`, naming the job, in
+        local mode."""
         if self.conn is None:
             raise SchedulerStateError(
                 f"job {self.job_id!r}: ctx.db is the tick's PostgreSQL connection, and this "

@@ -58,6 +58,38 @@ class Scheduler:
 
         async with scheduler:   # runs every job until the block is left
             ...
+
+    Every duration takes seconds (``float``) or a ``timedelta``. A value that could not work
+    (a DSN that does not parse, a schema that is not a plain SQL identifier...) raises
+    :class:`~ticklock.ScheduleError` here, naming the parameter.
+
+    :param dsn: A PostgreSQL URL (``postgresql://app:secret@db/app``): PostgreSQL mode, on a
+        pool ticklock creates (up to 10 connections, opened on demand) and closes. ``None``
+        and no ``pool``: local mode, coordinated in this process only. Nothing connects until
+        the scheduler starts.
+    :param pool: An asyncpg pool of your own instead of ``dsn``: PostgreSQL mode, and ticklock
+        never closes it. Size it for the jobs that run at once, plus one for failure records.
+    :param database: Another backend instead of ``dsn`` or ``pool``: a
+        :class:`~ticklock.testing.MemoryDatabase` that several schedulers of one test share.
+    :param namespace: Separates applications that share a database: replicas of one fleet
+        use the same namespace, and jobs of other namespaces are never seen.
+    :param schema: The PostgreSQL schema of ticklock's tables, created at start.
+    :param shutdown_grace: How long leaving the scheduler waits for runs in flight before it
+        cancels them (and rolls them back); real time, also with an injected clock.
+    :param clock: Where slots and delays come from: the system clock by default, a
+        :class:`~ticklock.testing.ManualClock` in tests.
+    :param random: The source of jitter (``random.Random(seed)`` for reproducible tests).
+    :param owner: This replica's name in runs, logs and ``ticklock status``: by default
+        ``hostname:pid``. Give each replica its own.
+    :param tracer_provider: The OpenTelemetry tracer provider for the run spans; by default
+        the global one.
+    :param meter_provider: The OpenTelemetry meter provider for the metrics; by default the
+        global one.
+    :param retention: How long run records are kept (PostgreSQL mode): the built-in job
+        ``ticklock.retention`` deletes older ones every minute.
+    :param require_database: ``True``: starting fails with :class:`~ticklock.StartupError`
+        when the database does not answer or refuses the scheduler. ``False``: it starts
+        anyway, its runs end as ``error`` and it retries until the database answers.
     """
 
     def __init__(
@@ -151,7 +183,42 @@ class Scheduler:
         return MappingProxyType({job_id: cycle.job for job_id, cycle in self._cycles.items()})
 
     def job(self, trigger: Trigger, **options: Unpack[JobOptions]) -> Callable[[F], F]:
-        """Declare the decorated ``async def handler(ctx)`` as a job; see :meth:`add`."""
+        """Declare the decorated ``async def handler(ctx)`` as a job::
+
+            @scheduler.job(every(minutes=15), id="purge-expired", timeout=60)
+            async def purge(ctx: JobContext) -> dict[str, int]: ...
+
+        The keywords are those of :class:`~ticklock.JobOptions`, each optional; every
+        duration takes seconds (``float``) or a ``timedelta``. A declaration that could not
+        run raises :class:`~ticklock.ScheduleError` at once, naming the job and the field. The
+        handler is returned unchanged; :meth:`add` declares a function without decorating it.
+
+        :param trigger: When the job runs: :func:`~ticklock.every` (fixed delay) or
+            :func:`~ticklock.cron`.
+        :param id: The job's id, unique in the scheduler, naming its lock, watermark, history
+            and metrics. Default: the handler's ``module.qualname``, so renaming or moving the
+            function would start a new job: give one.
+        :param timeout: Seconds a run may take before it is cancelled and rolled back
+            (outcome ``timeout``); shorter than the period. Default: half the job's shortest
+            period (the interval; for cron the shortest gap between its fires), at most 300 s.
+        :param enabled: ``False`` declares and validates a job that never runs (an on/off
+            switch from configuration); ``run_now`` still runs it.
+        :param catch_up: ``True``: slots missed while no replica ran are covered by one run at
+            start, which sees the window through ``ctx.previous_success``. ``False``: they are
+            skipped.
+        :param overdue_grace: Slack after a success was due before :meth:`health` and
+            ``ticklock status`` call the job overdue. Default: 10 % of the period, between 1 s
+            and 5 minutes.
+        :param retries: How many times a failed slot (``failure``, ``timeout``, ``error``) runs
+            again, never past the next slot.
+        :param retry_backoff: Seconds before the first retry, doubling for each one; shorter
+            than the period.
+        :param max_batches: At most this many batches of
+            :meth:`~ticklock.JobContext.batches` per run, after which the run is ``capped``;
+            ``None``: no cap.
+        :param failure_threshold: How many runs in a row must fail before the job is
+            ``failing`` (in ``health()``, ``ticklock status``, the dashboard).
+        """
 
         def decorate(func: F) -> F:
             self.add(func, trigger, **options)
@@ -160,12 +227,17 @@ class Scheduler:
         return decorate
 
     def add(self, func: Handler, trigger: Trigger, **options: Unpack[JobOptions]) -> Job:
-        """Declare ``func`` as a job and return it; while running it is scheduled at once.
+        """Declare ``func`` as a job and return it; while running it is scheduled at once::
 
-        The keywords are :class:`~ticklock.JobOptions`: ``id``, ``timeout``, ``enabled``,
-        ``catch_up``, ``overdue_grace``, ``retries``, ``retry_backoff``, ``max_batches``. Raises
+            scheduler.add(purge, every(minutes=15), id="purge-expired", timeout=60)
+
+        The keywords are those of :meth:`job` (:class:`~ticklock.JobOptions`). Raises
         :class:`ScheduleError` for anything that could not run, naming the job and the field:
         a duplicate id, a non-async handler, ``timeout >= interval``, an unknown keyword...
+
+        :param func: The handler, an ``async def handler(ctx: JobContext)`` that returns
+            ``None`` or a JSON-serialisable report.
+        :param trigger: When the job runs: :func:`~ticklock.every` or :func:`~ticklock.cron`.
         """
         job = Job.declare(func, trigger, **options)
         if job.id in self._cycles:

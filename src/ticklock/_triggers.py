@@ -66,7 +66,7 @@ class Cron:
     """A five-field Vixie cron trigger in an IANA zone; build it with :func:`cron`.
 
     The zone's rules come from the ``tzdata`` package, never the system's database, so every
-    replica with the same ``tzdata`` computes the same instants (see :mod:`._zones`).
+    replica with the same ``tzdata`` computes the same instants.
     """
 
     expr: str
@@ -137,8 +137,22 @@ def every(
 
     Give the interval as seconds or a timedelta, or as ``days/hours/minutes/seconds``::
 
-        @scheduler.job(every(minutes=15, jitter=30))
+        @scheduler.job(every(minutes=15, jitter=30), timeout=60)
         async def purge(ctx: JobContext) -> None: ...
+
+    A run's slot is the fleet's last end + ``interval`` (jitter not included). Anything that
+    could not run (a non-positive or infinite interval, jitter not smaller than the interval)
+    raises :class:`~ticklock.ScheduleError`.
+
+    :param interval: Seconds or a ``timedelta``; or leave it out and give the parts below.
+    :param days: Part of the interval, added to the others.
+    :param hours: Part of the interval.
+    :param minutes: Part of the interval.
+    :param seconds: Part of the interval.
+    :param jitter: Up to this many seconds added at random to each wait, to spread the load
+        of many jobs and replicas; smaller than the interval.
+    :param initial_delay: When the first run of a job that never ran is due, after start.
+        Default: 0, a new job runs at once.
     """
     shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
     for part, value in shown.items():
@@ -174,8 +188,19 @@ def every(
 def cron(expr: str, *, tz: str = "UTC", jitter: Duration = 0) -> Cron:
     """A cron trigger: five Vixie fields or an ``@`` alias, in the IANA zone ``tz``::
 
-    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"))
+    @scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), timeout=1800)
     async def nightly(ctx: JobContext) -> None: ...
+
+    Daylight saving time follows Vixie cron's rule. A bad field, an expression that never
+    fires or an unknown zone raises :class:`~ticklock.ScheduleError`.
+
+    :param expr: Minute, hour, day of month, month, day of week (``"17 3 * * *"``), or
+        ``@hourly``, ``@daily``, ``@midnight``, ``@weekly``, ``@monthly``, ``@yearly``,
+        ``@annually``.
+    :param tz: The IANA zone the fields are read in, as the installed ``tzdata`` package
+        defines it.
+    :param jitter: Up to this many seconds added at random to each fire; smaller than the
+        shortest gap between two fires.
     """
     return Cron(expr=expr, tz=tz, jitter=_seconds(jitter, "jitter", "cron()"))
 

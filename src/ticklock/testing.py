@@ -129,13 +129,13 @@ async def run_job(
     """Run ``handler`` once with a real :class:`~ticklock.JobContext` and return what it
     returns, without a scheduler (no lock, no watermark, no run record).
 
-    Without ``conn`` or ``dsn`` it runs as in local mode: ``ctx.conn`` is ``None``. Given an
+    Without ``conn`` or ``dsn`` it runs as in local mode: ``ctx.db`` raises. Given an
     asyncpg connection (``conn``), or a ``dsn`` to connect to and close after, the handler
-    runs inside a transaction on it, as a tick does (``ctx.conn`` and ``ctx.db`` are that
-    connection); the transaction is rolled back, or committed with ``commit=True`` when the
-    handler returns. ``slot`` defaults to now. The handler's exception propagates; a run
-    longer than ``timeout`` raises ``TimeoutError``; a report the scheduler could not store
-    (not JSON) raises ``ValueError``. ``conn`` and ``dsn`` need asyncio, as asyncpg does::
+    runs inside a transaction on it, as a tick does (``ctx.db`` is that connection); the
+    transaction is rolled back, or committed with ``commit=True`` when the handler returns.
+    ``slot`` defaults to now. The handler's exception propagates; a run longer than
+    ``timeout`` raises ``TimeoutError``; a report the scheduler could not store (not JSON)
+    raises ``ValueError``. ``conn`` and ``dsn`` need asyncio, as asyncpg does::
 
         report = await run_job(purge, conn=conn, slot=datetime(2026, 1, 1, tzinfo=timezone.utc))
         assert report == {"deleted": 3}    # and the deletion was rolled back

@@ -23,10 +23,11 @@ scheduler = Scheduler(
 
 @scheduler.job(every(minutes=15, jitter=30), timeout=60, id="purge-expired")
 async def purge(ctx: JobContext) -> dict[str, int]:
-    if ctx.conn is not None:
-        deleted: int = await ctx.conn.fetchval("SELECT 1")
+    if scheduler.postgres:
+        deleted: int = await ctx.db.fetchval("SELECT 1")
         return {"deleted": deleted}
-    return {"deleted": 0}
+    legacy: asyncpg.Connection[Any] | None = ctx.conn  # deprecated, still typed
+    return {"deleted": 0 if legacy is None else 1}
 
 
 @scheduler.job(every(hours=1), id="postgres-only")

@@ -2,24 +2,24 @@ import os
 
 from fastapi import FastAPI
 
-from ticklock import JobContext, Scheduler, cron, every
+import ticklock
+from ticklock import JobContext, Scheduler, every
 
-scheduler = Scheduler(os.environ["TICKLOCK_DSN"])  # Scheduler() alone: local mode
+ticklock.log_to_stderr()  # one line per run (uvicorn shows only its own lines)
 
-
-@scheduler.job(every(minutes=15, jitter=30), timeout=60, id="purge-expired")
-async def purge(ctx: JobContext) -> dict[str, int]:
-    # ctx.db holds the job's lock, inside the tick's transaction: write through it
-    n = await ctx.db.fetchval(
-        "WITH d AS (DELETE FROM keys WHERE expires_at < now() RETURNING 1) SELECT count(*) FROM d"
-    )
-    return {"deleted": n}  # the run's report, stored with the run
+# TICKLOCK_DSN unset: local mode, in-process, and no database is needed to list the jobs
+scheduler = Scheduler(os.environ.get("TICKLOCK_DSN"))
 
 
-@scheduler.job(cron("17 3 * * *", tz="Europe/Berlin"), id="nightly")
-async def nightly(ctx: JobContext) -> None:
-    # covers everything due since ctx.previous_success, up to ctx.slot
-    ...
+@scheduler.job(every(seconds=5), timeout=3, id="heartbeat")
+async def heartbeat(ctx: JobContext) -> dict[str, str]:
+    if scheduler.postgres:
+        # ctx.db holds the job's lock, inside the tick's transaction: the row commits
+        # together with the schedule's watermark, or not at all
+        await ctx.db.execute(
+            "INSERT INTO heartbeats (slot, owner) VALUES ($1, $2)", ctx.slot, ctx.owner
+        )
+    return {"owner": ctx.owner}  # the run's report: logged, and stored with the run
 
 
-app = FastAPI(lifespan=scheduler.lifespan)  # or: async with scheduler: ...
+app = FastAPI(lifespan=scheduler.lifespan)
