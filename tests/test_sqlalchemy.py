@@ -20,6 +20,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 import ticklock.sqlalchemy
 from helpers import PGBOUNCER
 from ticklock import JobContext, Outcome, Scheduler, SchedulerStateError, every
+from ticklock.testing import run_job
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -343,3 +344,48 @@ def test_importing_ticklock_sqlalchemy_does_not_load_sqlalchemy() -> None:
     code = "import sys, ticklock.sqlalchemy; print('sqlalchemy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+async def test_begin_nested_and_a_different_isolation_level(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(HOURLY, id="nested")
+    async def nested(ctx: JobContext) -> None:
+        async with ticklock.sqlalchemy.session(ctx) as session:
+            await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'outer')"))
+            async with session.begin_nested():
+                await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'nested')"))
+            inner = await session.begin_nested()
+            await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'undone')"))
+            await inner.rollback()
+
+    @scheduler.job(HOURLY, id="serializable")
+    async def serializable(ctx: JobContext) -> None:
+        async with ticklock.sqlalchemy.session(ctx) as session:
+            await session.connection(execution_options={"isolation_level": "SERIALIZABLE"})
+            await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'serializable')"))
+
+    async with scheduler:
+        result = await scheduler.run_now("nested")
+        refused = await scheduler.run_now("serializable")
+    assert result.outcome is Outcome.SUCCESS, result.error
+    assert await notes(pg_conn, table) == ["nested", "outer"]
+    assert refused.outcome is Outcome.FAILURE
+    assert refused.error is not None and "takes no isolation" in refused.error
+
+
+async def test_run_job_gives_the_session_its_transaction(
+    pg_dsn: str, pg_conn: Any, table: str
+) -> None:
+    async def handler(ctx: JobContext) -> int:
+        async with ticklock.sqlalchemy.session(ctx) as session:
+            await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'tested')"))
+            await session.commit()
+            return int(await session.scalar(text(f"SELECT count(*) FROM {table}")) or 0)
+
+    assert await run_job(handler, dsn=pg_dsn) == 1
+    assert await notes(pg_conn, table) == []  # run_job rolled its transaction back
+    assert await run_job(handler, dsn=pg_dsn, commit=True) == 1
+    assert await notes(pg_conn, table) == ["tested"]
