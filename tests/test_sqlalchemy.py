@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 from sqlalchemy import String, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -174,6 +175,15 @@ def report_model(schema: str) -> type[Any]:
         runs: Mapped[int]
 
     return Report
+
+
+def key_model(schema: str) -> type[Any]:
+    class Key(Base):
+        __tablename__ = "keys"
+        __table_args__ = {"schema": schema}
+        k: Mapped[str] = mapped_column(primary_key=True)
+
+    return Key
 
 
 async def test_an_orm_model_round_trip(pg_dsn: str, pg_schema: str, pg_conn: Any) -> None:
@@ -389,3 +399,32 @@ async def test_run_job_gives_the_session_its_transaction(
     assert await notes(pg_conn, table) == []  # run_job rolled its transaction back
     assert await run_job(handler, dsn=pg_dsn, commit=True) == 1
     assert await notes(pg_conn, table) == ["tested"]
+
+
+async def test_a_commit_that_fails_as_the_block_ends_rolls_back_to_its_savepoint_only(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(f"CREATE TABLE {pg_schema}.keys (k text PRIMARY KEY)")
+    Key = key_model(pg_schema)
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(HOURLY, id="dup")
+    async def dup(ctx: JobContext) -> str:
+        await ctx.db.execute(f"INSERT INTO {pg_schema}.keys VALUES ('first')")
+        try:
+            async with ticklock.sqlalchemy.session(ctx) as session:
+                session.add_all([Key(k="second"), Key(k="first")])  # flushed by the commit
+        except IntegrityError as exc:
+            caught = type(exc.orig).__name__
+        # the tick's transaction is usable again: only the session's savepoint was undone
+        await ctx.db.execute(f"INSERT INTO {pg_schema}.keys VALUES ('third')")
+        return caught
+
+    async with scheduler:
+        result = await scheduler.run_now("dup")
+    assert result.outcome is Outcome.SUCCESS, result.error
+    assert result.report == "UniqueViolationError"
+    keys = [r["k"] for r in await pg_conn.fetch(f"SELECT k FROM {pg_schema}.keys ORDER BY k")]
+    assert keys == ["first", "third"]
+    Base.metadata.remove(Key.__table__)

@@ -69,6 +69,7 @@ async def session(ctx: JobContext, **options: Any) -> AsyncIterator[AsyncSession
         it = AsyncSession(bind=engine, **options)
         try:
             yield it
+            await it.commit()
         except Exception:
             await it.close()  # rolls back what the session has not committed
             raise
@@ -76,7 +77,6 @@ async def session(ctx: JobContext, **options: Any) -> AsyncIterator[AsyncSession
             with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
                 await it.invalidate()
             raise
-        await it.commit()
         await it.close()
 
 
@@ -94,6 +94,7 @@ async def connection(ctx: JobContext) -> AsyncIterator[AsyncConnection]:
         conn = await engine.connect()
         try:
             yield conn
+            await conn.commit()
         except Exception:
             await conn.close()  # rolls back what it has not committed
             raise
@@ -101,7 +102,6 @@ async def connection(ctx: JobContext) -> AsyncIterator[AsyncConnection]:
             with anyio.move_on_after(CLEANUP_SECONDS, shield=True):
                 await conn.invalidate()
             raise
-        await conn.commit()
         await conn.close()
 
 
