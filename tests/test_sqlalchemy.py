@@ -428,3 +428,25 @@ async def test_a_commit_that_fails_as_the_block_ends_rolls_back_to_its_savepoint
     keys = [r["k"] for r in await pg_conn.fetch(f"SELECT k FROM {pg_schema}.keys ORDER BY k")]
     assert keys == ["first", "third"]
     Base.metadata.remove(Key.__table__)
+
+
+async def test_a_session_per_batch_commits_with_its_batch(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(HOURLY, id="batched", max_batches=3)
+    async def batched(ctx: JobContext) -> None:
+        async for batch in ctx.batches():
+            async with ticklock.sqlalchemy.session(ctx) as session:
+                await session.execute(
+                    text(f"INSERT INTO {table} VALUES (now(), :note)"),
+                    {"note": f"batch {batch.number}"},
+                )
+            if batch.number == 3:
+                raise RuntimeError("the third batch fails")
+
+    async with scheduler:
+        result = await scheduler.run_now("batched")
+    assert result.outcome is Outcome.FAILURE and result.batches == 2
+    assert await notes(pg_conn, table) == ["batch 1", "batch 2"]
