@@ -416,7 +416,7 @@ async def test_a_commit_that_fails_as_the_block_ends_rolls_back_to_its_savepoint
             async with ticklock.sqlalchemy.session(ctx) as session:
                 session.add_all([Key(k="second"), Key(k="first")])  # flushed by the commit
         except IntegrityError as exc:
-            caught = type(exc.orig).__name__
+            caught = "unique" if "duplicate key" in str(exc) else str(exc)
         # the tick's transaction is usable again: only the session's savepoint was undone
         await ctx.db.execute(f"INSERT INTO {pg_schema}.keys VALUES ('third')")
         return caught
@@ -424,7 +424,7 @@ async def test_a_commit_that_fails_as_the_block_ends_rolls_back_to_its_savepoint
     async with scheduler:
         result = await scheduler.run_now("dup")
     assert result.outcome is Outcome.SUCCESS, result.error
-    assert result.report == "UniqueViolationError"
+    assert result.report == "unique"
     keys = [r["k"] for r in await pg_conn.fetch(f"SELECT k FROM {pg_schema}.keys ORDER BY k")]
     assert keys == ["first", "third"]
     Base.metadata.remove(Key.__table__)
