@@ -112,10 +112,18 @@ async def test_a_timeout_leaves_nothing(
             await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'sa 2')"))
             await anyio.sleep(5)
 
+    @scheduler.job(every(3600, initial_delay=3000), id="stuck", timeout=0.5)
+    async def stuck(ctx: JobContext) -> None:  # cut off inside a statement
+        async with ticklock.sqlalchemy.session(ctx) as session:
+            await session.execute(text(f"INSERT INTO {table} VALUES (now(), 'stuck')"))
+            await session.execute(text("SELECT pg_sleep(5)"))
+
     with caplog.at_level(logging.WARNING, logger="sqlalchemy"):
         async with scheduler:
             result = await scheduler.run_now("slow")
+            stuck_result = await scheduler.run_now("stuck")
     assert result.outcome is Outcome.TIMEOUT
+    assert stuck_result.outcome is Outcome.TIMEOUT
     assert await notes(pg_conn, table) == []
     assert await last_slot(pg_conn, pg_schema, "slow") is None
     assert [r.getMessage() for r in caplog.records if r.name.startswith("sqlalchemy")] == []
