@@ -6,11 +6,15 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
+
+from helpers import eventually
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -140,3 +144,33 @@ def test_the_logging_snippets_run_as_written() -> None:
         root.handlers[:], ours.handlers[:] = saved[0], saved[2]
         root.setLevel(saved[1])
         ours.setLevel(saved[3])
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_the_sqlalchemy_page_app_runs_as_written(
+    pg_dsn: str, pg_conn: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [block] = [b for b in python_blocks("sqlalchemy.md") if b.startswith("# app.py\n")]
+    database = f"docs_{uuid.uuid4().hex[:12]}"
+    await pg_conn.execute(f"CREATE DATABASE {database}")
+    monkeypatch.setenv("DATABASE_URL", urlunsplit(urlsplit(pg_dsn)._replace(path=database)))
+    namespace: dict[str, Any] = {"__name__": "docs_sqlalchemy_app"}
+    try:  # compiled as its own file (app.py): without this module's __future__ import
+        exec(compile(block, "app.py", "exec", dont_inherit=True), namespace)
+        scheduler = namespace["scheduler"]
+        async with namespace["lifespan"](namespace["app"]):
+
+            async def first_digest() -> bool:  # the first slot runs at start
+                return bool(await namespace["digests"]())
+
+            await eventually(first_digest, 20, "the first digest")
+            assert [d["signups"] for d in await namespace["digests"]()] == [0]
+            await namespace["signup"]("a@example.com")
+            await namespace["signup"]("b@example.com")
+            result = await scheduler.run_now("signup-digest")
+            assert result.outcome.value == "success", result.error
+            assert result.report == {"signups": 2}
+            assert [d["signups"] for d in await namespace["digests"]()] == [0, 2]
+    finally:
+        await pg_conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
