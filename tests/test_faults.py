@@ -228,7 +228,7 @@ async def test_a_failing_owner_gives_its_job_up_and_its_retries_run_elsewhere(
     status = await ops.cli("status")
     assert re.search(rf"^  {bad}  .*; gave up: secret$", status.out, re.M), status
     history = await ops.cli("history", "secret", "--json")
-    failed_on = {run["owner"] for run in history.json() if run["outcome"] == "failure"}
+    failed_on = {run["owner"] for run in history.json()["runs"] if run["outcome"] == "failure"}
     assert failed_on == {bad}, history  # the history says which replica failed
 
 

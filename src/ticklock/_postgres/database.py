@@ -152,9 +152,8 @@ class Database:
             self.transaction_timeout = major >= 17
             self.terminate_wait = TERMINATE_WAIT_MS if major >= 14 else None
             await self._check_clock(conn)
-            self.up()
-            await self.record_outages(conn)
         self.ready = True
+        self.up()
 
     def down(self, exc: BaseException) -> None:
         """Note a failed attempt: log the start of an outage (or a change of its cause) once,
@@ -206,7 +205,8 @@ class Database:
             self._down_since = None
 
     async def record_outages(self, conn: asyncpg.Connection[Any]) -> None:
-        """Record the outages this replica saw end (for the ledger), on ``conn``."""
+        """Record the outages this replica saw end (for the ledger), on ``conn``: its
+        heartbeat does, at its next beat once the database answers."""
         while self._outages:
             since, until = self._outages[0]
             await conn.execute(self.sql.outage, self.namespace, self.owner, since, until)
