@@ -18,11 +18,11 @@ class Entry(Timer):
     """The runtime state of one declared job, and its deadline."""
 
     __slots__ = (
+        "_fingerprint",
         "ahead",
         "attempt",
         "credit",
         "failing_since",
-        "fingerprint",
         "fire_at",
         "given_up_at",
         "held_at",
@@ -66,4 +66,12 @@ class Entry(Timer):
         self.own_failures = 0  # this replica's consecutive failed runs of the job
         self.failing_since: datetime | None = None  # the start of the first of them
         self.given_up_at: datetime | None = None  # this replica gave the job up (see _plan)
-        self.fingerprint = fingerprint(job)  # of its declaration, which this replica publishes
+        self._fingerprint: str | None = None  # computed when first published
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of the job's declaration, which this replica publishes (computed
+        once, when first asked: a replica alone never publishes it)."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.job)
+        return self._fingerprint
