@@ -78,9 +78,10 @@ class Cycle(Entry):
         self.removed = True
         self.stop()
 
-    def wait(self, plan: Plan) -> None:
+    def wait(self, plan: Plan, now: datetime | None = None) -> None:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
-        backup, to look at it a grace after its slot's latest fire (see :mod:`._sharing`)."""
+        backup, to look at it a grace after its slot's latest fire (see :mod:`._sharing`).
+        ``now``: the wall clock read just before, if any."""
         crew = self.crew
         self.stage = 0
         self.manual = isinstance(plan, Serve)  # a trigger request: this replica serves it
@@ -90,7 +91,8 @@ class Cycle(Entry):
         clock, jitter = crew.clock, 0.0
         # The wall clock first: the time between the two reads then makes the deadline late,
         # never early (a fixed delay must be at least the interval).
-        now = clock.now() if isinstance(plan, OnTime) else None
+        if now is None and isinstance(plan, OnTime):
+            now = clock.now()
         now_m = clock.monotonic()
         match plan:
             case Idle():  # paused, or the schedule is over
@@ -250,7 +252,7 @@ class Cycle(Entry):
         self._count(result)
         if self._live():
             now = self.crew.clock.now()
-            self.wait(after_run(self.job, self.state or NO_STATE, now, result))
+            self.wait(after_run(self.job, self.state or NO_STATE, now, result), now)
 
     async def run_now(self) -> RunResult:
         """Run one tick now (slot = now), and plan from the state it read."""
@@ -284,7 +286,8 @@ class Cycle(Entry):
             if not self.own_failures:
                 self.failing_since = result.started_at
             self.own_failures += 1
-        self._stand(result.error)
+        if self.own_failures or self.given_up_at is not None:  # else the standing is kept
+            self._stand(result.error)
 
     def _stand(self, error: str | None = None) -> None:
         crew = self.crew

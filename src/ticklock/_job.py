@@ -71,8 +71,11 @@ class JobContext:
     namespace: str = "default"
     attempt: int = 1
     """1 for a slot's first attempt, 2 for its first retry, and so on."""
-    _batches: Batches | None = field(default=None, repr=False, compare=False)
-    """The run's batches (the runner's); ``None``: one transaction for all of them."""
+    _batches: Batches | Callable[[], Batches] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """The run's batches, or what makes them when first asked (the runner's); ``None``: one
+    transaction for all of them."""
 
     def batches(self) -> Batches:
         """The run's batches, an async iterator of :class:`~ticklock.Batch`: each batch's body
@@ -89,6 +92,9 @@ class JobContext:
         source = self._batches
         if source is None:  # a context made by hand (testing.run_job): no commits between
             source = Batches(self.job_id, self.conn, None, None, None)
+            object.__setattr__(self, "_batches", source)
+        elif not isinstance(source, Batches):  # the runner's: made now
+            source = source()
             object.__setattr__(self, "_batches", source)
         return source.enter()
 
