@@ -140,6 +140,24 @@ def every(
         @scheduler.job(every(minutes=15, jitter=30))
         async def purge(ctx: JobContext) -> None: ...
     """
+    if interval is not None and days == hours == minutes == seconds == 0:
+        given: Duration = interval  # the interval alone (the common case): no parts to add
+    else:
+        parts = _parts(interval, days, hours, minutes, seconds)
+        given = interval if interval is not None else parts
+    total = _seconds(given, "interval", "every()", allow_zero=False)
+    jitter_s = _seconds(jitter, "jitter", "every()")
+    if jitter_s >= total:
+        message = f"jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)"
+        raise _error("every()", message, "jitter")
+    delay = 0.0 if initial_delay is None else _seconds(initial_delay, "initial_delay", "every()")
+    return Every(interval=total, jitter=jitter_s, initial_delay=delay)
+
+
+def _parts(
+    interval: Duration | None, days: float, hours: float, minutes: float, seconds: float
+) -> timedelta:
+    """The interval given as days/hours/minutes/seconds (refused beside ``interval``)."""
     shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
     for part, value in shown.items():
         if isinstance(value, float) and not math.isfinite(value):  # timedelta raises a bare error
@@ -160,15 +178,7 @@ def every(
             "every()",
             "give the interval either positionally or as days/hours/minutes/seconds, not both",
         )
-    total = _seconds(
-        interval if interval is not None else parts, "interval", "every()", allow_zero=False
-    )
-    jitter_s = _seconds(jitter, "jitter", "every()")
-    if jitter_s >= total:
-        message = f"jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)"
-        raise _error("every()", message, "jitter")
-    delay = 0.0 if initial_delay is None else _seconds(initial_delay, "initial_delay", "every()")
-    return Every(interval=total, jitter=jitter_s, initial_delay=delay)
+    return parts
 
 
 def cron(expr: str, *, tz: str = "UTC", jitter: Duration = 0) -> Cron:
