@@ -40,6 +40,7 @@ from ._plan import (
 )
 from ._sharing import GRACE
 from ._telemetry import logger
+from ._triggers import Cron
 
 
 class Cycle(Entry):
@@ -118,8 +119,8 @@ class Cycle(Entry):
                 self.fire_at = slot + timedelta(seconds=jitter) if jitter else slot
                 assert now is not None
                 base = now_m + (self.fire_at - now).total_seconds()  # past: due now
-        self.jitter = jitter
-        wall = self.fire_at if self.is_cron and isinstance(plan, OnTime) else None
+        cron = isinstance(self.job.trigger, Cron) and isinstance(plan, OnTime)
+        wall = self.fire_at if cron else None
         crew.dispatcher.set(self, base, lag=lag, wall=wall)
 
     def _role(self, attempt: int) -> tuple[tuple[str, ...], bool]:
@@ -237,7 +238,7 @@ class Cycle(Entry):
                 self.job,
                 self.slot,
                 self.fire_at,
-                self.jitter,
+                self._jitter(),
                 attempt=self.attempt,
                 manual=self.manual,
             )
@@ -253,6 +254,13 @@ class Cycle(Entry):
         if self._live():
             now = self.crew.clock.now()
             self.wait(after_run(self.job, self.state or NO_STATE, now, result), now)
+
+    def _jitter(self) -> float:
+        """The jitter this replica added to the slot it runs (kept as ``fire_at``)."""
+        slot, fire_at = self.slot, self.fire_at
+        if slot is None or fire_at is None or fire_at is slot:
+            return 0.0
+        return (fire_at - slot).total_seconds()
 
     async def run_now(self) -> RunResult:
         """Run one tick now (slot = now), and plan from the state it read."""

@@ -271,5 +271,6 @@ class Dispatcher:
 def _lagged(base: float, lag: float, now: float) -> float:
     """The deadline ``lag`` seconds after ``base`` (now at the earliest), rounded up to
     :data:`LOOK_GRID` when there is a lag."""
-    deadline = max(base + lag, now)
-    return math.ceil(deadline / LOOK_GRID) * LOOK_GRID if lag else deadline
+    if not lag:
+        return max(base, now)  # base itself unless past: a job waiting costs no second float
+    return math.ceil(max(base + lag, now) / LOOK_GRID) * LOOK_GRID

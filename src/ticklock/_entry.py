@@ -11,7 +11,6 @@ from datetime import datetime
 from ._coordination import FleetState
 from ._dispatcher import Timer
 from ._job import Job, fingerprint
-from ._triggers import Cron
 
 
 class Entry(Timer):
@@ -26,8 +25,6 @@ class Entry(Timer):
         "fire_at",
         "given_up_at",
         "held_at",
-        "is_cron",
-        "jitter",
         "job",
         "manual",
         "observer",
@@ -44,11 +41,9 @@ class Entry(Timer):
     def __init__(self, job: Job) -> None:
         super().__init__()
         self.job = job
-        self.is_cron = isinstance(job.trigger, Cron)
         self.slot: datetime | None = None  # the slot it waits for (None: a recheck, or idle)
         self.attempt = 1  # of the slot: 2 and more for a retry
         self.fire_at: datetime | None = None  # the slot plus this replica's jitter
-        self.jitter = 0.0
         self.running = False  # a run or a look of it is in flight
         self.removed = False
         self.since: datetime | None = None  # when it was scheduled: the overdue base
