@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from typing_extensions import Unpack
 
-from . import _zones
 from ._batch import Batches
 from ._errors import ScheduleError, SchedulerStateError
 from ._triggers import Cron, Every, Trigger
@@ -325,6 +324,8 @@ def _default_id(func: object) -> str:
 def declaration(job: Job) -> str:
     """What replicas must agree on for ``job``: its trigger and the limits that shape its
     runs, as a short text (logged when replicas disagree)."""
+    from . import _zones  # loaded with the first cron trigger
+
     trigger = job.trigger
     shape = (
         f"every {trigger.interval:g}s jitter {trigger.jitter:g}s delay {trigger.initial_delay:g}s"

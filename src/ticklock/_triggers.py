@@ -9,12 +9,15 @@ import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
-from zoneinfo import ZoneInfo
+from typing import TYPE_CHECKING, Any
 
-from . import _cron, _zones
 from ._errors import ScheduleError
 from ._validate import Duration, seconds
+
+if TYPE_CHECKING:  # imported when a cron trigger is first built: an app without one skips them
+    from zoneinfo import ZoneInfo
+
+    from . import _cron
 
 
 @functools.lru_cache(maxsize=1024)
@@ -78,6 +81,8 @@ class Cron:
     """The shortest gap between two consecutive fires, in seconds."""
 
     def __post_init__(self) -> None:
+        from . import _cron, _zones
+
         spec = _cron.CronSpec.parse(self.expr)
         if not isinstance(self.tz, str) or not self.tz:
             raise _error("cron()", f"tz must be an IANA zone name, got {self.tz!r}", "tz")
@@ -111,6 +116,8 @@ class Cron:
     def next_fire(self, after: datetime) -> datetime | None:
         """The first fire instant strictly after ``after``, aware, in UTC (jitter not included)."""
         _require_aware(after)
+        from . import _cron  # loaded by __post_init__ already
+
         return _cron.next_fire(self.spec, self.zone, after)
 
     def describe(self) -> str:
