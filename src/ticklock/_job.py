@@ -6,7 +6,6 @@ import difflib
 import enum
 import hashlib
 import inspect
-import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -311,8 +310,6 @@ def idempotency_key(namespace: str, job_id: str, slot: datetime) -> str:
 
 
 def _is_async(func: object) -> bool:
-    if isinstance(func, types.FunctionType) and func.__code__.co_flags & inspect.CO_COROUTINE:
-        return True  # an async def (the common case), without inspect's unwrapping
     return inspect.iscoroutinefunction(func) or (
         not inspect.isroutine(func) and inspect.iscoroutinefunction(type(func).__call__)
     )
