@@ -65,7 +65,7 @@ class _Timeout:
         traceback: TracebackType | None,
     ) -> bool:
         scope, self.scope = self.scope, None
-        self._dispatcher._drop(self)
+        self._dispatcher._drop_finished()
         assert scope is not None
         return scope.__exit__(exc_type, exc, traceback)
 
@@ -105,7 +105,6 @@ class Dispatcher:
         self._clock = clock
         self._heap: list[tuple[float, int, Timer]] = []
         self._timeouts: list[tuple[float, int, _Timeout]] = []
-        self._fresh: list[_Timeout] = []  # timeouts entered since this loop's last pass
         self._sequence = itertools.count().__next__
         self._wake: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
@@ -167,27 +166,14 @@ class Dispatcher:
         return _Timeout(self, deadline)
 
     def _add(self, timeout: _Timeout) -> None:
-        # Into the heap at this loop's next pass: this loop runs only once the run waits, and
-        # a run that ends before (a local run of a short handler) never touches the heap.
-        self._fresh.append(timeout)
+        heapq.heappush(self._timeouts, (timeout.deadline, self._sequence(), timeout))
         if timeout.deadline < self._sleeping_until:
             self.wake()
 
-    def _drop(self, timeout: _Timeout) -> None:
-        fresh = self._fresh
-        if fresh and fresh[-1] is timeout:
-            fresh.pop()
-            return
+    def _drop_finished(self) -> None:
         timeouts = self._timeouts
         while timeouts and timeouts[0][2].scope is None:  # finished runs on top
             heapq.heappop(timeouts)
-
-    def _file_fresh(self) -> None:
-        """Put the timeouts of the runs started since the last pass into the heap."""
-        for timeout in self._fresh:
-            if timeout.scope is not None:  # still running (a finished one is dropped here)
-                heapq.heappush(self._timeouts, (timeout.deadline, self._sequence(), timeout))
-        self._fresh.clear()
 
     def blocked(self, job_id: str, seconds: float) -> None:
         """Warn that a step of ``job_id``'s handler held the event loop for ``seconds``."""
@@ -217,8 +203,6 @@ class Dispatcher:
             now = clock.now() if self._walls else None
             if now is not None:
                 self._watch_wall(now, now_m)
-            if self._fresh:
-                self._file_fresh()
             while timeouts and (timeouts[0][2].scope is None or timeouts[0][0] <= now_m):
                 scope = heapq.heappop(timeouts)[2].scope
                 if scope is not None:
