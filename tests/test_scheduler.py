@@ -440,33 +440,6 @@ async def test_a_run_that_waits_holds_up_no_other_run() -> None:
     assert sorted(seen) == [("a-waits", "waits"), ("b", "unset"), ("c", "unset")]
 
 
-async def test_a_burst_of_runs_that_wait_starts_within_a_few_passes_of_the_loop() -> None:
-    # Each run that waits hands the queue over to as many new servers as runs are queued
-    # behind it, not to one that would start the next only after its own run waits.
-    from ticklock._runs import Runs
-
-    started: list[int] = []
-    release = anyio.Event()
-
-    async def run(number: int) -> None:
-        started.append(number)
-        await release.wait()
-
-    runs = Runs()
-    async with anyio.create_task_group() as tg:
-        await tg.start(runs.serve)
-        try:
-            for number in range(20):
-                runs.start(run, number)
-            for _ in range(4):
-                await anyio.lowlevel.checkpoint()
-            seen = sorted(started)
-        finally:
-            release.set()
-            await runs.drain(1.0)
-    assert seen == list(range(20))
-
-
 async def test_shutdown_waits_for_runs_in_flight_within_the_grace() -> None:
     clock = ManualClock(T0)
     scheduler = Scheduler(clock=clock, shutdown_grace=5)

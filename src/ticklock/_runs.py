@@ -7,8 +7,8 @@ fire while the runs drain.
 A run does not get a task of its own until it waits: one task, the *server*, starts the runs
 due one after the other, each in a copy of the context it was started from (as a task of its
 own would be). A run that ends without waiting (a local run of a short handler) has cost no
-task; when one waits, it keeps the server's task and new servers, one for each run queued
-behind it, start the others, so that no run waits for another.
+task; when one waits, it keeps the server's task and a new server starts the runs after it,
+so that no run waits for another.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ class Runs:
         self._idle = anyio.Event()
         self._closed = anyio.Event()
         self._queue: deque[tuple[Run, Any, contextvars.Context]] = deque()
-        self._serving = 0  # server tasks that start the queued runs (none waits in a run)
-        self._pending = 0  # of them, those spawned or woken that have not taken a run yet
+        self._serving = False  # a server task exists: starting runs, or waiting for some
         self._ready: anyio.Event | None = None  # set when a run is queued for a waiting server
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -57,46 +56,35 @@ class Runs:
 
     def start(self, run: Run, arg: Any) -> None:
         """Start ``run(arg)`` soon, beside the other runs (``run`` records its own failures)."""
+        assert self._group is not None
         self._in_flight += 1
         self._queue.append((run, arg, contextvars.copy_context()))
-        if self._ready is not None:  # a server waits: wake it (once)
+        if not self._serving:
+            self._serving = True
+            self._group.start_soon(self._serve, name="ticklock.runs")
+        elif self._ready is not None:  # the server waits: wake it (once)
             self._ready.set()
             self._ready = None
-            self._pending += 1
-        elif not self._serving:
-            self._spawn(1)
-
-    def _spawn(self, count: int) -> None:
-        assert self._group is not None
-        for _ in range(count):
-            self._serving += 1
-            self._pending += 1
-            self._group.start_soon(self._serve, name="ticklock.runs")
 
     async def _serve(self) -> None:
         """Start the queued runs one after the other; once one waits, it keeps this task
-        (other servers took over) and this task ends with it."""
+        (another server took over) and this task ends with it."""
         queue = self._queue
-        self._pending -= 1
         while True:
             while queue:
                 run, arg, context = queue.popleft()
                 if await self._drive(self._wrap(run, arg), context):
                     return
-            if self._ready is not None:  # another server waits for the next runs already
-                self._serving -= 1
-                return
             ready = self._ready = anyio.Event()
             await ready.wait()
-            self._pending -= 1
 
     @types.coroutine
     def _drive(
         self, coro: Coroutine[Any, Any, None], context: contextvars.Context
     ) -> Generator[Any, Any, bool]:
         """Run ``coro`` to its end in ``context``, step by step (send, throw and close are
-        passed through, so cancellation is the run's); whether it waited. At its first wait other
-        servers take over the queue."""
+        passed through, so cancellation is the run's); whether it waited. At its first wait a
+        new server takes over the queue."""
         waited = False
         sent: Any = None
         thrown: BaseException | None = None
@@ -120,10 +108,12 @@ class Runs:
                 sent, thrown = None, exc
 
     def _hand_over(self) -> None:
-        """The server's run waits: other servers start the runs from now on, as many as are
-        queued now, so that a burst of runs that wait starts within one pass of the loop."""
-        self._serving -= 1
-        self._spawn(max(0, len(self._queue) - self._pending))
+        """The server's run waits: another server starts the runs from now on."""
+        self._serving = False
+        if self._queue:
+            assert self._group is not None
+            self._serving = True
+            self._group.start_soon(self._serve, name="ticklock.runs")
 
     async def _wrap(self, run: Run, arg: Any) -> None:
         try:
