@@ -56,7 +56,7 @@ class Crew:
         self.looks.append(cycle)
         if len(self.looks) == 1:
             assert self.runs is not None
-            self.runs.start(self._read, None)
+            self.runs.start(self._read, None, "ticklock.look")
 
     async def _read(self, _: None) -> None:
         looks, self.looks = self.looks, []

@@ -146,7 +146,7 @@ class Cycle(Entry):
     def _attempt(self) -> None:
         self.running = True
         assert self.crew.runs is not None
-        self.crew.runs.start(self._tick, None)
+        self.crew.runs.start(self._tick, None, f"ticklock.run {self.job.id}")
 
     def _live(self) -> bool:
         """Whether the cycle goes on (the job declared, the scheduler running); asks the
