@@ -693,6 +693,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 x 20 jobs for 8 s per design")
     parser.add_argument("--dsn", default=os.environ.get("TICKLOCK_BENCH_DSN"))
     parser.add_argument("--only", help="comma-separated workloads, e.g. 4x250,kill")
+    parser.add_argument(
+        "--designs", default="today,shared", help="comma-separated designs to run (default both)"
+    )
     # the shared design's src ("baseline": the baseline's, to try this script on a day the
     # working tree is mid-change)
     parser.add_argument("--shared-src", default=str(REPO / "src"), help=argparse.SUPPRESS)
@@ -710,7 +713,8 @@ def main() -> None:
         helpers(baseline)
         shared = baseline if args.shared_src == "baseline" else Path(args.shared_src).resolve()
         today = Design("today", baseline, {"commit": git("rev-parse", BASELINE)})
-        designs = [today, Design("shared", shared)]
+        wanted = {d.strip() for d in args.designs.split(",")}
+        designs = [d for d in (today, Design("shared", shared)) if d.name in wanted]
         for design in designs:
             describe(design)
         logs = Path(tmp) / "logs"
@@ -722,6 +726,7 @@ def main() -> None:
     report["seconds"] = round(time.time() - began, 1)
     name = "fleet-scale" + ("-quick" if args.quick else "")
     name += f"-only-{'-'.join(w.name for w in workloads)}" if args.only else ""
+    name += "" if len(designs) == 2 else f"-{'-'.join(d.name for d in designs)}"
     out = HERE / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))

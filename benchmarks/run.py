@@ -48,9 +48,11 @@ def python_for(impl: str) -> str:
     return sys.executable
 
 
-def ensure_peers() -> list[str]:
+def ensure_peers(wanted: set[str] | None = None) -> list[str]:
     ready = []
     for name, spec in PEERS.items():
+        if wanted is not None and name not in wanted:
+            continue
         python = VENVS / name / "bin" / "python"
         if not python.exists():
             print(f"installing {spec} into {VENVS / name} ...", flush=True)
@@ -175,12 +177,16 @@ def main() -> None:
     parser.add_argument(
         "--before", type=Path, help="another checkout of ticklock, measured beside this one (A/B)"
     )
+    parser.add_argument(
+        "--peers", default=None, help="comma-separated peers to run (default: all), e.g. aps3"
+    )
     args = parser.parse_args()
     global BEFORE
     BEFORE = args.before
     repeat = args.repeat or (1 if args.quick else 3)
     impls = ["ticklock", *(["before"] if BEFORE else []), "naive"]
-    impls += [] if args.quick else ensure_peers()
+    peers_wanted = None if args.peers is None else {p.strip() for p in args.peers.split(",")}
+    impls += [] if args.quick else ensure_peers(peers_wanted)
     started = time.time()
     report: dict[str, Any] = {
         "machine": machine(),

@@ -54,17 +54,16 @@ class FleetState:
 
     def committed(self, result: RunResult) -> FleetState:
         """This state with a successful run folded in."""
-        return replace(
-            self,
+        # built directly (every other field at its default), not with dataclasses.replace:
+        # this runs once or twice a run
+        return FleetState(
             last_slot=result.slot,
             last_end=result.finished_at,
             last_success_at=result.finished_at,
-            consecutive_failures=0,
-            failed_slot=None,
-            failed_attempts=0,
-            last_owner=result.owner,
+            paused_at=self.paused_at,
             trigger_at=self._served(result),
-            busy_until=None,
+            last_owner=result.owner,
+            cursor=self.cursor,
         )
 
     def failed(self, result: RunResult) -> FleetState:

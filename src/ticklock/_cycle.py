@@ -41,6 +41,7 @@ from ._plan import (
 )
 from ._sharing import GRACE
 from ._telemetry import Telemetry, logger
+from ._triggers import Cron
 
 
 class Cycle(Entry):
@@ -79,9 +80,10 @@ class Cycle(Entry):
         self.removed = True
         self.stop()
 
-    def wait(self, plan: Plan) -> None:
+    def wait(self, plan: Plan, now: datetime | None = None) -> None:
         """Wait for ``plan``: as the job's owner (or to serve a trigger), to attempt it; as a
-        backup, to look at it a grace after its slot's latest fire (see :mod:`._sharing`)."""
+        backup, to look at it a grace after its slot's latest fire (see :mod:`._sharing`).
+        ``now``: the wall clock read just before, if any."""
         crew = self.crew
         self.stage = 0
         self.manual = isinstance(plan, Serve)  # a trigger request: this replica serves it
@@ -91,7 +93,8 @@ class Cycle(Entry):
         clock, jitter = crew.clock, 0.0
         # The wall clock first: the time between the two reads then makes the deadline late,
         # never early (a fixed delay must be at least the interval).
-        now = clock.now() if isinstance(plan, OnTime) else None
+        if now is None and isinstance(plan, OnTime):
+            now = clock.now()
         now_m = clock.monotonic()
         match plan:
             case Idle():  # paused, or the schedule is over
@@ -117,8 +120,8 @@ class Cycle(Entry):
                 self.fire_at = slot + timedelta(seconds=jitter) if jitter else slot
                 assert now is not None
                 base = now_m + (self.fire_at - now).total_seconds()  # past: due now
-        self.jitter = jitter
-        wall = self.fire_at if self.is_cron and isinstance(plan, OnTime) else None
+        cron = isinstance(self.job.trigger, Cron) and isinstance(plan, OnTime)
+        wall = self.fire_at if cron else None
         crew.dispatcher.set(self, base, lag=lag, wall=wall)
 
     def _role(self, attempt: int) -> tuple[tuple[str, ...], bool]:
@@ -237,7 +240,7 @@ class Cycle(Entry):
                 self.job,
                 self.slot,
                 self.fire_at,
-                self.jitter,
+                self._jitter(),
                 attempt=self.attempt,
                 manual=self.manual,
             )
@@ -251,11 +254,19 @@ class Cycle(Entry):
         self._observe(result, state)
         self._count(result)
         live = self._live()
-        nxt = after_run(self.job, self.state or NO_STATE, self.crew.clock.now(), result)
+        now = self.crew.clock.now()
+        nxt = after_run(self.job, self.state or NO_STATE, now, result)
         retried = live and isinstance(nxt, Delayed) and nxt.slot == result.slot
         self._account(result, before, attempt, runner.telemetry, retried=retried)
         if live:
-            self.wait(nxt)
+            self.wait(nxt, now)
+
+    def _jitter(self) -> float:
+        """The jitter this replica added to the slot it runs (kept as ``fire_at``)."""
+        slot, fire_at = self.slot, self.fire_at
+        if slot is None or fire_at is None or fire_at is slot:
+            return 0.0
+        return (fire_at - slot).total_seconds()
 
     async def run_now(self) -> RunResult:
         """Run one tick now (slot = now), and plan from the state it read."""
@@ -313,7 +324,8 @@ class Cycle(Entry):
             if not self.own_failures:
                 self.failing_since = result.started_at
             self.own_failures += 1
-        self._stand(result.error)
+        if self.own_failures or self.given_up_at is not None:  # else the standing is kept
+            self._stand(result.error)
 
     def _stand(self, error: str | None = None) -> None:
         crew = self.crew

@@ -21,9 +21,8 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
+from types import TracebackType
 from typing import NoReturn
 
 import anyio
@@ -43,12 +42,32 @@ logger = logging.getLogger("ticklock")
 
 
 class _Timeout:
-    """A run's timeout in the heap: ``scope`` is ``None`` once the run has left it."""
+    """A run's timeout: a cancel scope, entered as a context manager, that the dispatcher
+    cancels when its clock reaches ``deadline`` (``scope`` is ``None`` once the run left it)."""
 
-    __slots__ = ("scope",)
+    __slots__ = ("_dispatcher", "deadline", "scope")
 
-    def __init__(self, scope: anyio.CancelScope) -> None:
-        self.scope: anyio.CancelScope | None = scope
+    def __init__(self, dispatcher: Dispatcher, deadline: float) -> None:
+        self._dispatcher = dispatcher
+        self.deadline = deadline
+        self.scope: anyio.CancelScope | None = None
+
+    def __enter__(self) -> anyio.CancelScope:
+        scope = self.scope = anyio.CancelScope()
+        scope.__enter__()
+        self._dispatcher._add(self)
+        return scope
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        scope, self.scope = self.scope, None
+        self._dispatcher._drop_finished()
+        assert scope is not None
+        return scope.__exit__(exc_type, exc, traceback)
 
 
 class Timer:
@@ -140,22 +159,21 @@ class Dispatcher:
                 heapq.heapify(self._heap)
                 self._stale = 0
 
-    @contextmanager
-    def bound(self, deadline: float) -> Iterator[anyio.CancelScope]:
-        """A cancel scope that this loop cancels when its clock reaches ``deadline`` (the
-        timeout of a run; the scope has no deadline of its own, so shields inside hold)."""
-        with anyio.CancelScope() as scope:
-            timeout = _Timeout(scope)
-            heapq.heappush(self._timeouts, (deadline, self._sequence(), timeout))
-            if deadline < self._sleeping_until:
-                self.wake()
-            try:
-                yield scope
-            finally:
-                timeout.scope = None
-                timeouts = self._timeouts
-                while timeouts and timeouts[0][2].scope is None:  # finished runs on top
-                    heapq.heappop(timeouts)
+    def bound(self, deadline: float) -> _Timeout:
+        """A context manager: a cancel scope that this loop cancels when its clock reaches
+        ``deadline`` (the timeout of a run; the scope has no deadline of its own, so shields
+        inside hold)."""
+        return _Timeout(self, deadline)
+
+    def _add(self, timeout: _Timeout) -> None:
+        heapq.heappush(self._timeouts, (timeout.deadline, self._sequence(), timeout))
+        if timeout.deadline < self._sleeping_until:
+            self.wake()
+
+    def _drop_finished(self) -> None:
+        timeouts = self._timeouts
+        while timeouts and timeouts[0][2].scope is None:  # finished runs on top
+            heapq.heappop(timeouts)
 
     def blocked(self, job_id: str, seconds: float) -> None:
         """Warn that a step of ``job_id``'s handler held the event loop for ``seconds``."""
@@ -253,5 +271,6 @@ class Dispatcher:
 def _lagged(base: float, lag: float, now: float) -> float:
     """The deadline ``lag`` seconds after ``base`` (now at the earliest), rounded up to
     :data:`LOOK_GRID` when there is a lag."""
-    deadline = max(base + lag, now)
-    return math.ceil(deadline / LOOK_GRID) * LOOK_GRID if lag else deadline
+    if not lag:
+        return max(base, now)  # base itself unless past: a job waiting costs no second float
+    return math.ceil(max(base + lag, now) / LOOK_GRID) * LOOK_GRID

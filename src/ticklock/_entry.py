@@ -11,7 +11,6 @@ from datetime import datetime
 from ._coordination import FleetState
 from ._dispatcher import Timer
 from ._job import Job, fingerprint
-from ._triggers import Cron
 
 NO_CREDIT: tuple[datetime | None, float, datetime | None] = (None, 0.0, None)
 
@@ -20,16 +19,14 @@ class Entry(Timer):
     """The runtime state of one declared job, and its deadline."""
 
     __slots__ = (
+        "_fingerprint",
         "ahead",
         "attempt",
         "credit",
         "failing_since",
-        "fingerprint",
         "fire_at",
         "given_up_at",
         "held_at",
-        "is_cron",
-        "jitter",
         "job",
         "manual",
         "observer",
@@ -46,11 +43,9 @@ class Entry(Timer):
     def __init__(self, job: Job) -> None:
         super().__init__()
         self.job = job
-        self.is_cron = isinstance(job.trigger, Cron)
         self.slot: datetime | None = None  # the slot it waits for (None: a recheck, or idle)
         self.attempt = 1  # of the slot: 2 and more for a retry
         self.fire_at: datetime | None = None  # the slot plus this replica's jitter
-        self.jitter = 0.0
         self.running = False  # a run or a look of it is in flight
         self.removed = False
         self.since: datetime | None = None  # when it was scheduled: the overdue base
@@ -69,4 +64,12 @@ class Entry(Timer):
         self.own_failures = 0  # this replica's consecutive failed runs of the job
         self.failing_since: datetime | None = None  # the start of the first of them
         self.given_up_at: datetime | None = None  # this replica gave the job up (see _plan)
-        self.fingerprint = fingerprint(job)  # of its declaration, which this replica publishes
+        self._fingerprint: str | None = None  # computed when first published
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of the job's declaration, which this replica publishes (computed
+        once, when first asked: a replica alone never publishes it)."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.job)
+        return self._fingerprint

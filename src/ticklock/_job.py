@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from typing_extensions import Unpack
 
-from . import _zones
 from ._batch import Batches
 from ._errors import ScheduleError, SchedulerStateError
 from ._triggers import Cron, Every, Trigger
@@ -72,8 +71,11 @@ class JobContext:
     namespace: str = "default"
     attempt: int = 1
     """1 for a slot's first attempt, 2 for its first retry, and so on."""
-    _batches: Batches | None = field(default=None, repr=False, compare=False)
-    """The run's batches (the runner's); ``None``: one transaction for all of them."""
+    _batches: Batches | Callable[[], Batches] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """The run's batches, or what makes them when first asked (the runner's); ``None``: one
+    transaction for all of them."""
 
     def batches(self) -> Batches:
         """The run's batches, an async iterator of :class:`~ticklock.Batch`: each batch's body
@@ -90,6 +92,9 @@ class JobContext:
         source = self._batches
         if source is None:  # a context made by hand (testing.run_job): no commits between
             source = Batches(self.job_id, self.conn, None, None, None)
+            object.__setattr__(self, "_batches", source)
+        elif not isinstance(source, Batches):  # the runner's: made now
+            source = source()
             object.__setattr__(self, "_batches", source)
         return source.enter()
 
@@ -339,6 +344,8 @@ def _default_id(func: object) -> str:
 def declaration(job: Job) -> str:
     """What replicas must agree on for ``job``: its trigger and the limits that shape its
     runs, as a short text (logged when replicas disagree)."""
+    from . import _zones  # loaded with the first cron trigger
+
     trigger = job.trigger
     shape = (
         f"every {trigger.interval:g}s jitter {trigger.jitter:g}s delay {trigger.initial_delay:g}s"

@@ -211,7 +211,10 @@ class MemoryDatabase:
 
     def recorded(self, result: RunResult) -> None:
         """Keep ``result`` in the job's history."""
-        self.history.setdefault(result.job_id, deque(maxlen=self.HISTORY)).append(result)
+        runs = self.history.get(result.job_id)
+        if runs is None:  # not setdefault: that would build a deque every run
+            runs = self.history[result.job_id] = deque(maxlen=self.HISTORY)
+        runs.append(result)
 
     def keep_cursor(self, job_id: str, cursor: str | None) -> None:
         """Keep ``cursor`` (JSON text) as the job's, committed with a batch."""

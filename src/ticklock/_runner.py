@@ -196,6 +196,13 @@ class Runner:
             return
         run.slot = admission.slot
         assert run.slot is not None
+
+        def open_batches() -> Batches:  # made when the handler asks: most runs never do
+            advance = _Advance(attempt, self.clock, deadline)
+            batches = Batches(job.id, attempt.conn, state.cursor, job.max_batches, advance)
+            run.batches = batches
+            return batches
+
         ctx = JobContext(
             job_id=job.id,
             slot=run.slot,
@@ -206,17 +213,8 @@ class Runner:
             conn=attempt.conn,
             namespace=self.namespace,
             attempt=1 if run.manual else number,
-            _batches=(
-                batches := Batches(
-                    job.id,
-                    attempt.conn,
-                    state.cursor,
-                    job.max_batches,
-                    _Advance(attempt, self.clock, deadline),
-                )
-            ),
+            _batches=open_batches,
         )
-        run.batches = batches
         run.executed = True
         try:
             report = await watch(job.func(ctx), job.id, self.dispatcher.blocked)
@@ -238,11 +236,12 @@ class Runner:
             )
             return
         run.finished_at = self.clock.now()
-        broken = batches.broken
+        batches = run.batches
+        broken = None if batches is None else batches.broken
         if isinstance(broken, Exception):  # the handler swallowed it: the run fails with it
             run.fail(self.coordinator.classify(broken) or Outcome.FAILURE, broken, describe(broken))
             return
-        if batches.entered:
+        if batches is not None and batches.entered:
             try:
                 run.cursor = batches.last_cursor()
             except ValueError as exc:

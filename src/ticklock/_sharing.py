@@ -89,6 +89,12 @@ class Role(NamedTuple):
     """It declares the job otherwise than the ruling declaration: it never attempts a slot."""
 
 
+_UNRANKED: tuple[tuple[str, ...], frozenset[str]] = ((), frozenset())
+"""The ranking of a job no live replica declares (shared: a job costs no entry of its own)."""
+_ALONE = Role(())
+"""The role of a replica that attempts each slot itself."""
+
+
 class Share:
     """This replica's view of the live replicas and the jobs each declares, and the role of
     this replica for each job in it."""
@@ -147,6 +153,8 @@ class Share:
         return self._rank(job_id)[0]
 
     def _rank(self, job_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
+        if not self._members:  # no view yet, or alone (local mode): nothing to rank or keep
+            return _UNRANKED
         ranked = self._ranked.get(job_id)
         if ranked is None:
             declarers = [
@@ -155,7 +163,7 @@ class Share:
                 if job_id in member.jobs
             ]
             if not declarers:
-                ranked = ((), frozenset())
+                ranked = _UNRANKED
             else:
                 ruling = _ruling(declarers)
                 ours = [owner for _, owner, fp in declarers if fp == ruling]
@@ -178,7 +186,7 @@ class Share:
         if self.me in others:
             return Role(tuple(ranking), observer=True)
         if self.me not in ranking:
-            return Role(())
+            return _ALONE
         if excluding is not None and excluding in ranking:
             ranking = tuple(o for o in ranking if o != excluding) + (excluding,)
         before = ranking[: ranking.index(self.me)]

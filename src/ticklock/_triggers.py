@@ -9,12 +9,15 @@ import functools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
-from zoneinfo import ZoneInfo
+from typing import TYPE_CHECKING, Any
 
-from . import _cron, _zones
 from ._errors import ScheduleError
 from ._validate import Duration, seconds
+
+if TYPE_CHECKING:  # imported when a cron trigger is first built: an app without one skips them
+    from zoneinfo import ZoneInfo
+
+    from . import _cron
 
 
 @functools.lru_cache(maxsize=1024)
@@ -78,6 +81,8 @@ class Cron:
     """The shortest gap between two consecutive fires, in seconds."""
 
     def __post_init__(self) -> None:
+        from . import _cron, _zones
+
         spec = _cron.CronSpec.parse(self.expr)
         if not isinstance(self.tz, str) or not self.tz:
             raise _error("cron()", f"tz must be an IANA zone name, got {self.tz!r}", "tz")
@@ -111,6 +116,8 @@ class Cron:
     def next_fire(self, after: datetime) -> datetime | None:
         """The first fire instant strictly after ``after``, aware, in UTC (jitter not included)."""
         _require_aware(after)
+        from . import _cron  # loaded by __post_init__ already
+
         return _cron.next_fire(self.spec, self.zone, after)
 
     def describe(self) -> str:
@@ -154,6 +161,24 @@ def every(
     :param initial_delay: When the first run of a job that never ran is due, after start.
         Default: 0, a new job runs at once.
     """
+    if interval is not None and days == hours == minutes == seconds == 0:
+        given: Duration = interval  # the interval alone (the common case): no parts to add
+    else:
+        parts = _parts(interval, days, hours, minutes, seconds)
+        given = interval if interval is not None else parts
+    total = _seconds(given, "interval", "every()", allow_zero=False)
+    jitter_s = _seconds(jitter, "jitter", "every()")
+    if jitter_s >= total:
+        message = f"jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)"
+        raise _error("every()", message, "jitter")
+    delay = 0.0 if initial_delay is None else _seconds(initial_delay, "initial_delay", "every()")
+    return Every(interval=total, jitter=jitter_s, initial_delay=delay)
+
+
+def _parts(
+    interval: Duration | None, days: float, hours: float, minutes: float, seconds: float
+) -> timedelta:
+    """The interval given as days/hours/minutes/seconds (refused beside ``interval``)."""
     shown = {"days": days, "hours": hours, "minutes": minutes, "seconds": seconds}
     for part, value in shown.items():
         if isinstance(value, float) and not math.isfinite(value):  # timedelta raises a bare error
@@ -174,15 +199,7 @@ def every(
             "every()",
             "give the interval either positionally or as days/hours/minutes/seconds, not both",
         )
-    total = _seconds(
-        interval if interval is not None else parts, "interval", "every()", allow_zero=False
-    )
-    jitter_s = _seconds(jitter, "jitter", "every()")
-    if jitter_s >= total:
-        message = f"jitter ({jitter_s:g} s) must be smaller than the interval ({total:g} s)"
-        raise _error("every()", message, "jitter")
-    delay = 0.0 if initial_delay is None else _seconds(initial_delay, "initial_delay", "every()")
-    return Every(interval=total, jitter=jitter_s, initial_delay=delay)
+    return parts
 
 
 def cron(expr: str, *, tz: str = "UTC", jitter: Duration = 0) -> Cron:

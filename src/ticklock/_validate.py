@@ -24,23 +24,29 @@ def seconds(
     value: Duration, field: str, *, job_id: str | None = None, allow_zero: bool = True
 ) -> float:
     """Return ``value`` in seconds, refusing non-finite, negative (or zero) values."""
-    error = partial(ScheduleError, job_id=job_id, field=field)
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         result = float(value)
     else:
-        raise error(f"{field} must be seconds (a number) or a timedelta, got {value!r}")
+        message = f"{field} must be seconds (a number) or a timedelta, got {value!r}"
+        raise ScheduleError(message, job_id=job_id, field=field)
+    if 0 < result <= MAX_SECONDS:
+        return result  # (the error below is built only when there is one)
+    if allow_zero and result == 0:
+        return 0.0  # the shared constant: a job without jitter keeps no float of its own
     if not math.isfinite(result) or result < 0 or (result == 0 and not allow_zero):
         need = "non-negative" if allow_zero else "positive"
-        raise error(f"{field} must be {need} and finite, got {result:g} s")
-    if result > MAX_SECONDS:
-        raise error(f"{field} must be at most 100 years, got {result:g} s")
-    return result
+        message = f"{field} must be {need} and finite, got {result:g} s"
+    else:
+        message = f"{field} must be at most 100 years, got {result:g} s"
+    raise ScheduleError(message, job_id=job_id, field=field)
 
 
 def name(value: object, field: str, *, job_id: str | None = None) -> str:
     """Return ``value`` if it is a non-empty string of at most 200 characters."""
+    if type(value) is str and 0 < len(value) <= MAX_NAME and "\x00" not in value:
+        return value  # the common case, checked at once
     error = partial(ScheduleError, job_id=job_id, field=field)
     if not isinstance(value, str) or not value or len(value) > MAX_NAME:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
