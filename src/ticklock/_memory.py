@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
-from . import _spec
 from ._clock import Clock
 from ._coordination import Control, Declared, FleetState
 from ._errors import SlotAlreadyCommitted
@@ -63,8 +62,8 @@ class MemoryDatabase:
     def __init__(self) -> None:
         self.states: dict[str, FleetState] = {}
         self.history: dict[str, deque[RunResult]] = {}
-        self.specs: dict[str, dict[str, Any]] = {}
-        """Each job's spec as the replica that loaded it last declared it (see :mod:`._spec`)."""
+        self.declared: dict[str, Job] = {}
+        """Each job as the replica that loaded it last declared it (its spec: :mod:`._spec`)."""
         self.actions: deque[Action] = deque(maxlen=self.RECORDS)
         self.past: deque[Presence] = deque(maxlen=self.RECORDS)
         """The replicas that were live and left (or died)."""
@@ -306,9 +305,9 @@ class MemoryCoordinator:
         """Nothing to release in memory."""
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        """Keep the jobs' specs; a copy of the fleet's states."""
+        """Keep the jobs' declarations; a copy of the fleet's states."""
         await self.db._gate(self.owner)
-        self.db.specs.update((job_id, _spec.to_json(_spec.of(job))) for job_id, job in jobs.items())
+        self.db.declared.update(jobs)
         return dict(self.db.states)
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> _MemoryAttempt:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 
@@ -48,7 +48,7 @@ class Records(Protocol):
 
     states: dict[str, FleetState]
     history: dict[str, deque[RunResult]]
-    specs: dict[str, dict[str, Any]]
+    declared: dict[str, Job]
     actions: deque[Action]
     since: datetime | None
 
@@ -103,7 +103,8 @@ class MemoryFleet:
 
     def _spec(self, job_id: str) -> _spec.Spec | None:
         job = self._jobs().get(job_id)
-        return _spec.of(job) if job is not None else _spec.from_json(self._db.specs.get(job_id))
+        job = job or self._db.declared.get(job_id)
+        return _spec.of(job) if job is not None else None
 
     async def jobs(self) -> list[JobRecord]:
         """Every job declared or with a state."""
@@ -203,7 +204,7 @@ class MemoryFleet:
         state, runs = db.states.pop(job_id, None), db.history.pop(job_id, None)
         if state is None and runs is None:
             raise KeyError(f"no job {job_id!r}")
-        db.specs.pop(job_id, None)
+        db.declared.pop(job_id, None)
         self._audit(job_id, "forget", note, who, True)
 
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
