@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import signal
 import socket
@@ -204,6 +205,7 @@ def test_a_missing_database_is_one_line_with_the_fix(pg_dsn: str) -> None:
 
 LOGGING_MODULE = """
 import logging
+import os
 import ticklock
 from ticklock import Scheduler, every
 
@@ -289,3 +291,29 @@ def test_the_hint_names_what_to_check_and_never_the_password(
     from ticklock._cli.hints import advice
 
     assert advice(exc, dsn, "ticklock") == hint
+
+
+def test_a_reader_that_closes_the_pipe_is_no_database_error(tmp_path: Path) -> None:
+    # `ticklock jobs app:scheduler | head -1`: the reader goes away after one line
+    (tmp_path / "many.py").write_text(
+        "from ticklock import Scheduler, every\n"
+        "scheduler = Scheduler()\n"
+        "async def noop(ctx): ...\n"
+        "for i in range(3000):\n"
+        "    scheduler.add(noop, every(60), id=f'job-{i}')\n"
+    )
+    src = str(Path(ticklock.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, str(tmp_path)])}
+    reader = subprocess.Popen(
+        f"'{sys.executable}' -m ticklock jobs many:scheduler | head -1",
+        shell=True,
+        executable="/bin/bash",
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = reader.communicate(timeout=60)
+    assert out.startswith("job-0"), out
+    assert "BrokenPipe" not in err and "cannot reach" not in err, err

@@ -171,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 141
+"""What a command whose reader closed the pipe exits with: 128 + SIGPIPE, as a shell's tools."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ticklock`` command."""
     args = _parser().parse_args(argv)
@@ -184,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CommandError, ScheduleError) as exc:  # their messages never hold a password
         print(f"ticklock: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # the reader went away (`ticklock status | head -1`): not an error
+        # of the database; say nothing, and let the interpreter's last flush go nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except StartupError as exc:  # the scheduler has logged it, as one ERROR line
         if not logging.getLogger("ticklock").isEnabledFor(logging.ERROR):
             print(f"ticklock: {exc}", file=sys.stderr)
