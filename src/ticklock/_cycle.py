@@ -18,7 +18,7 @@ from ._crew import Crew
 from ._entry import Entry
 from ._health import health
 from ._job import Job, JobHealth, Outcome, RunResult
-from ._ledger import unattempted
+from ._ledger import tally
 from ._plan import (
     GIVE_UP_FOR,
     Attempt,
@@ -40,7 +40,7 @@ from ._plan import (
     steer,
 )
 from ._sharing import GRACE
-from ._telemetry import Telemetry, logger
+from ._telemetry import logger
 from ._triggers import Cron
 
 
@@ -257,7 +257,9 @@ class Cycle(Entry):
         now = self.crew.clock.now()
         nxt = after_run(self.job, self.state or NO_STATE, now, result)
         retried = live and isinstance(nxt, Delayed) and nxt.slot == result.slot
-        self._account(result, before, attempt, runner.telemetry, retried=retried)
+        counted = tally(self.job, result, before, attempt, self.credit[2], retried=retried)
+        if counted is not None:
+            runner.telemetry.slots(self.job.id, *counted)
         if live:
             self.wait(nxt, now)
 
@@ -288,30 +290,6 @@ class Cycle(Entry):
             self.crew.share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
             self.held_at = result.finished_at
-
-    def _account(
-        self,
-        result: RunResult,
-        before: FleetState | None,
-        attempt: int,
-        telemetry: Telemetry,
-        *,
-        retried: bool,
-    ) -> None:
-        """Count the slot of a scheduled run that executed in the slot counters (``retried``:
-        the slot runs again, so a failure is not its last)."""
-        outcome = result.outcome
-        if result.manual or outcome in (Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED):
-            return
-        first = attempt == 1
-        resumed = self.credit[2]
-        telemetry.slots(
-            self.job.id,
-            missed=unattempted(self.job, before, result, resumed) if first else 0,
-            first=first,
-            committed=outcome is Outcome.SUCCESS,
-            failed=outcome is not Outcome.SUCCESS and not retried,
-        )
 
     def _count(self, result: RunResult) -> None:
         """Count this replica's failed scheduled runs of the job in a row (since when), and

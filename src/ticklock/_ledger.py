@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 
 from ._coordination import FleetState
 from ._fleet import Action, Fate, RunRecord, SlotRecord, done, iso
-from ._job import Job, RunResult
+from ._job import Job, Outcome, RunResult
 from ._spec import Spec
 from ._triggers import Cron, Every
 
@@ -396,3 +396,25 @@ def unattempted(
             return count + max(0, math.ceil(round((slot - at) / mean, 6)) - 1)
         at = trigger.next_fire(at)
     return count
+
+
+def tally(
+    job: Job,
+    result: RunResult,
+    before: FleetState | None,
+    attempt: int,
+    resumed: datetime | None,
+    *,
+    retried: bool,
+) -> tuple[int, bool, bool, bool] | None:
+    """What a run that ended counts in the slot counters: (missed before it, its slot's first
+    attempt, committed, failed), or ``None`` for a run that owes no slot (manual, or one that
+    did not execute). ``before``: the fleet's state before it; ``resumed``: when this replica
+    last saw the job resumed; ``retried``: the slot runs again, so a failure is not its last."""
+    outcome = result.outcome
+    if result.manual or outcome in (Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED):
+        return None
+    first = attempt == 1
+    missed = unattempted(job, before, result, resumed) if first else 0
+    success = outcome is Outcome.SUCCESS
+    return missed, first, success, not success and not retried

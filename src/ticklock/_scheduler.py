@@ -165,7 +165,7 @@ class Scheduler:
         if _RETENTION not in self._cycles:
             self.add(
                 Retention(self.schema, self.namespace, self.retention),
-                _retention_trigger(),
+                Retention.trigger(),
                 id=_RETENTION,
                 timeout=30,
             )
@@ -442,11 +442,3 @@ _NO_CONTROL = Control(None, None)
 
 def _default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _retention_trigger() -> Trigger:
-    from ._triggers import every
-
-    # every minute: an hourly batch of 10,000 kept up with 240,000 runs a day, and a fleet
-    # running 250 jobs a second records 21 million (the history grew for ever)
-    return every(minutes=1, jitter=10)

@@ -132,9 +132,7 @@ class Telemetry:
             self.lateness.record(lateness, {JOB_ID: result.job_id})
         self._log(result, exc)
 
-    def slots(
-        self, job_id: str, *, missed: int, first: bool, committed: bool, failed: bool
-    ) -> None:
+    def slots(self, job_id: str, missed: int, first: bool, committed: bool, failed: bool) -> None:
         """Count a scheduled run's slot (``first``: its first attempt, which owes it and the
         ``missed`` ones before it), and its fate."""
         attributes = {JOB_ID: job_id}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._triggers import Trigger, every
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -20,6 +21,12 @@ class Retention:
     """
 
     BATCH = 50_000
+
+    @staticmethod
+    def trigger() -> Trigger:
+        """Its schedule: every minute (an hourly batch of 10,000 kept up with 240,000 runs a
+        day, and a fleet running 250 jobs a second records 21 million)."""
+        return every(minutes=1, jitter=10)
 
     def __init__(self, schema: str, namespace: str, keep: float) -> None:
         s = quote(schema)
