@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -152,6 +153,9 @@ async def test_the_sqlalchemy_page_app_runs_as_written(
     pg_dsn: str, pg_conn: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     [block] = [b for b in python_blocks("sqlalchemy.md") if b.startswith("# app.py\n")]
+    ours = logging.getLogger("ticklock")  # the page's log_to_stderr() is this test's alone
+    monkeypatch.setattr(ours, "handlers", list(ours.handlers))
+    monkeypatch.setattr(ours, "level", ours.level)
     database = f"docs_{uuid.uuid4().hex[:12]}"
     await pg_conn.execute(f"CREATE DATABASE {database}")
     monkeypatch.setenv("DATABASE_URL", urlunsplit(urlsplit(pg_dsn)._replace(path=database)))
