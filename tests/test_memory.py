@@ -142,3 +142,47 @@ async def test_a_pause_and_a_trigger_on_one_replica_reach_the_others() -> None:
         jobs = {record.job_id: record for record in await a.fleet.jobs()}
     assert jobs["job-0"].paused_at is None
     assert len([r for r in fleet.runs if r[0] == "job-0"]) == 2  # resumed: its next slot ran
+
+
+async def test_a_view_change_over_many_jobs_lets_the_loop_run_between_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica joining a fleet of many jobs: every job takes its role in the new view, but
+    not in one go: other tasks (runs, timers) run between chunks of jobs."""
+    from ticklock import _cycle, _service
+
+    clock, db = ManualClock(T0), MemoryDatabase()
+    scheduler = Scheduler(database=db, clock=clock, owner="a")
+
+    async def work(ctx: JobContext) -> None:
+        pass
+
+    n = 3 * _service.VIEW_CHUNK
+    jobs = [scheduler.add(work, every(60), id=f"j{i}", timeout=8) for i in range(n)]
+    swept = [0]
+    view_changed = _cycle.Cycle.view_changed
+
+    def counted(self: _cycle.Cycle) -> None:
+        swept[0] += 1
+        view_changed(self)
+
+    monkeypatch.setattr(_cycle.Cycle, "view_changed", counted)
+    seen: list[int] = []
+
+    async def probe() -> None:
+        while True:
+            seen.append(swept[0])
+            await anyio.lowlevel.checkpoint()
+
+    async with scheduler, anyio.create_task_group() as tg:
+        await clock.advance(1)
+        tg.start_soon(probe)
+        swept[0] = 0
+        db.silent_replica("b", jobs, T0)
+        while swept[0] < n:
+            await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    assert any(0 < count < n for count in seen), "the sweep held the loop from start to end"
+    # and the sweep finished: the jobs "b" ranks first for wait for it as backups
+    ranking = scheduler._crew.share.ranking
+    assert {ranking(job.id) for job in jobs} == {("a", "b"), ("b", "a")}

@@ -8,7 +8,7 @@ and the shared in-memory database of ``ticklock.testing``);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
@@ -118,6 +118,10 @@ class Declared(NamedTuple):
     failing: tuple[str, ...] = ()
 
 
+OnView = Callable[[Mapping[str, Member], Mapping[str, datetime]], Awaitable[None]]
+"""Takes a view of the live replicas and their last heartbeats (it may yield to the loop)."""
+
+
 class Attempt(Protocol):
     """One tick's hold on its job: the lock (or not), the fleet state, the connection."""
 
@@ -200,7 +204,7 @@ class Coordinator(Protocol):
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
+        members: OnView,
     ) -> NoReturn:
         """Until cancelled: report this replica as live, declaring ``declared()``; call
         ``apply`` with every paused or triggered job of the namespace when that may change, and

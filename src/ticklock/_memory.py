@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from ._clock import Clock
-from ._coordination import Control, Declared, FleetState
+from ._coordination import Control, Declared, FleetState, OnView
 from ._errors import SlotAlreadyCommitted
 from ._fleet import Action, Fleet, Replica
 from ._job import Job, JobHealth, Outcome, RunResult, fingerprint
@@ -332,7 +332,7 @@ class MemoryCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
+        members: OnView,
     ) -> NoReturn:
         """Join the live replicas; at start and after every change, hand this replica the
         paused and triggered jobs and the view; leave when cancelled."""
@@ -354,9 +354,9 @@ class MemoryCoordinator:
                 live.seen_at = self._clock.now()
                 apply(db.controls())
                 if db._live.keys() == {owner}:  # alone: no work to share, no ranking to keep
-                    members({}, {})
+                    await members({}, {})
                 else:
-                    members(*db.view())
+                    await members(*db.view())
                 await live.poked.wait()
         finally:
             if db._live.get(owner) is live:

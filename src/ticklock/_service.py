@@ -22,6 +22,8 @@ from ._telemetry import logger
 
 LOAD_RETRY = 30.0
 """Seconds before reading the fleet's state again after an error."""
+VIEW_CHUNK = 500
+"""Jobs that take their role in a new view between two passes of the event loop."""
 _NO_CONTROL = Control(None, None)
 
 
@@ -179,11 +181,18 @@ class Service:
         for job_id, cycle in self._cycles.items():
             cycle.control(*controls.get(job_id, _NO_CONTROL))
 
-    def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
-        """A new view of the live replicas: each job takes its role in it."""
+    async def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
+        """A new view of the live replicas: each job takes its role in it, a chunk of
+        :data:`VIEW_CHUNK` jobs at a time, so that the runs and timers due meanwhile are not
+        held up (a job not reached yet keeps its role in the view before, as when this replica
+        hears of a change later than the others)."""
         if not self._crew.share.update(members, seen) or not self._crew.running:
             return
-        for cycle in self._cycles.values():
+        for i, cycle in enumerate(list(self._cycles.values())):
+            if i and not i % VIEW_CHUNK:
+                await anyio.lowlevel.checkpoint()
+                if not self._crew.running:
+                    return
             if cycle.job.enabled:
                 self._disagreement(cycle.job)
             cycle.view_changed()

@@ -91,6 +91,7 @@ class Role(NamedTuple):
 
 _UNRANKED: tuple[tuple[str, ...], frozenset[str]] = ((), frozenset())
 """The ranking of a job no live replica declares (shared: a job costs no entry of its own)."""
+_NONE: frozenset[str] = frozenset()
 _ALONE = Role(())
 """The role of a replica that attempts each slot itself."""
 
@@ -157,24 +158,33 @@ class Share:
             return _UNRANKED
         ranked = self._ranked.get(job_id)
         if ranked is None:
-            declarers = [
-                (member.started_at, owner, member.jobs[job_id])
-                for owner, member in self._members.items()
-                if job_id in member.jobs
-            ]
-            if not declarers:
-                ranked = _UNRANKED
-            else:
-                ruling = _ruling(declarers)
-                ours = [owner for _, owner, fp in declarers if fp == ruling]
-                ours.sort(
-                    key=lambda o: (job_id not in self._members[o].failing, weight(o, job_id), o),
-                    reverse=True,
-                )
-                others = frozenset(owner for _, owner, fp in declarers if fp != ruling)
-                ranked = (tuple(ours), others)
-            self._ranked[job_id] = ranked
+            ranked = self._ranked[job_id] = self._order(job_id)
         return ranked
+
+    def _order(self, job_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
+        members = self._members
+        declared = {o: fp for o, m in members.items() if (fp := m.jobs.get(job_id)) is not None}
+        if not declared:
+            return _UNRANKED
+        fingerprints = set(declared.values())
+        if len(fingerprints) == 1:  # one declaration: every declarer ranks
+            ours, others = list(declared), _NONE
+        else:
+            ruling = _ruling([(members[o].started_at, o, fp) for o, fp in declared.items()])
+            ours = [owner for owner, fp in declared.items() if fp == ruling]
+            others = frozenset(owner for owner, fp in declared.items() if fp != ruling)
+        suffix = b"\x00" + job_id.encode()
+        # (not given up, the weight, the name), highest first; the digest's bytes order as
+        # the big-endian weight does
+        ours.sort(
+            key=lambda o: (
+                job_id not in members[o].failing,
+                blake2b(o.encode() + suffix, digest_size=8).digest(),
+                o,
+            ),
+            reverse=True,
+        )
+        return tuple(ours), others
 
     def role(self, job_id: str, excluding: str | None = None) -> Role:
         """This replica's role for ``job_id``; ``excluding``: a replica passed over (the one

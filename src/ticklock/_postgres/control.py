@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .._clock import Clock
-from .._coordination import Control, Declared
+from .._coordination import Control, Declared, OnView
 from .._errors import DatabaseUnavailable
 from .._sharing import Member
 from .connection import connect
@@ -95,7 +95,7 @@ class Watch:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
+        members: OnView,
     ) -> None:
         self._coordinator = coordinator
         self._dsn = dsn  # None: a pool the application passed, no LISTEN
@@ -204,7 +204,7 @@ class Watch:
             frozenset(declared.failing),
             row["started_at"],
         )
-        self._members({self._owner: me, **others}, seen)
+        await self._members({self._owner: me, **others}, seen)
         self._apply(
             {
                 job_id: Control(paused_at, trigger_at)

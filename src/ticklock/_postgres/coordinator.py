@@ -31,13 +31,12 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from .. import _spec
 from .._clock import Clock
-from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState
+from .._coordination import FUTURE_LIMIT, Control, Declared, FleetState, OnView
 from .._errors import ClockAhead, SchedulerStateError
 from .._fleet import Fleet
 from .._job import Job, JobHealth, Outcome, RunResult
 from .._lock_key import lock_key
 from .._plan import next_due, overdue_at
-from .._sharing import Member
 from . import database
 from .control import Watch
 from .database import Database
@@ -134,7 +133,7 @@ class PostgresCoordinator:
         owner: str,
         declared: Callable[[], Declared],
         apply: Callable[[Mapping[str, Control]], None],
-        members: Callable[[Mapping[str, Member], Mapping[str, datetime]], None],
+        members: OnView,
     ) -> NoReturn:
         """Beat for this replica, obey pauses and triggers, and report the live replicas
         (see :mod:`.control`)."""
