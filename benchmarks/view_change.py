@@ -7,9 +7,10 @@ One scheduler with ``--jobs`` jobs ``every(60)`` runs on a shared in-memory data
 same jobs; then one more replica joins. Every job takes its role in the new view on this
 replica's event loop, which is the work measured: a probe task wakes every millisecond and
 records the longest time the loop kept it waiting (its *stall*) over 1.5 s from the join, and
-the process's CPU over that span less its CPU over 1.5 s before the join (the probe's own). The database is in memory, so nothing
-but the view change runs on the loop; on PostgreSQL a replica also parses the new replica's
-declarations (``benchmarks.fleet_scale``'s ``join`` figures measure that fleet as a whole).
+the process's CPU over that span less its CPU over 1.5 s before the join (the probe's own).
+The database is in memory, so nothing but the view change runs on the loop; on PostgreSQL a
+replica also parses the new replica's declarations (``benchmarks.fleet_scale``'s ``join``
+figures measure that fleet as a whole).
 
 Each repetition runs in a fresh process; prints a JSON line per repetition and a summary.
 """
@@ -25,12 +26,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.workloads import cpu
+
 HERE = Path(__file__).parent
 WINDOW = 1.5
 """Seconds measured before the join (the probe alone) and after it."""
-sys.path.insert(0, str(HERE))
-
-from workloads import cpu  # noqa: E402
 
 
 async def measure(jobs: int, replicas: int) -> dict[str, float]:
@@ -113,9 +113,7 @@ def main() -> None:
     print("|---|---|")
     for key in seen[0]:
         values = [s[key] for s in seen]
-        print(
-            f"| {key} | {statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f}) |"
-        )
+        print(f"| {key} | {statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f}) |")
 
 
 if __name__ == "__main__":
