@@ -11,12 +11,18 @@ INTERVAL: seconds between runs (1 by default); TIMEOUT: each run's timeout (0.9 
 HANDLER ``empty`` (the default): does nothing. ``write``: inserts one row
 ``(job, slot, owner)`` into ``SCHEMA.writes`` through the run's connection (in the run's
 transaction), then sleeps 50 ms; the table must exist before the replica starts.
+
+With ``TICKLOCK_BENCH_PROBE`` set to a directory, a probe task writes ``OWNER.probe`` there: a
+line ``unix-time wall-ms cpu-ms`` for each time the event loop woke it more than 5 ms late,
+with the CPU this thread used meanwhile (the loop's own work, not waiting for a core).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import time
 
 import anyio
 
@@ -57,12 +63,28 @@ async def main(
         raise SystemExit(f"unknown handler {handler!r}: one of {', '.join(handlers)}")
     for i in range(jobs):
         scheduler.add(handlers[handler], every(interval), id=f"job-{i}", timeout=run_timeout)
+    probe_dir = os.environ.get("TICKLOCK_BENCH_PROBE")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with scheduler:
+        async with scheduler, anyio.create_task_group() as tg:
+            if probe_dir:
+                tg.start_soon(probe, os.path.join(probe_dir, f"{owner}.probe"))
             async for _ in signals:
                 break
+            tg.cancel_scope.cancel()
     if pool is not None:
         await pool.close()
+
+
+async def probe(path: str, period: float = 0.005) -> None:
+    """Write each late wake-up of the event loop to ``path`` (see the module docstring)."""
+    with open(path, "a", buffering=1) as out:  # noqa: ASYNC230 (once, before probing)
+        while True:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            await anyio.sleep(period)
+            late = time.perf_counter() - wall - period
+            if late > period:
+                spent = time.thread_time() - cpu
+                out.write(f"{time.time():.3f} {1e3 * late:.1f} {1e3 * spent:.1f}\n")
 
 
 if __name__ == "__main__":

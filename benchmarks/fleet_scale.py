@@ -87,6 +87,9 @@ class Workload:
     """Failover: seconds run after the kill, or after the paused replica resumes."""
     steady_after: float = 30.0
     """Failover: the longest gap is that of runs after this many seconds (failover done)."""
+    join_at: float = 0.0
+    """> 0: one more replica joins this many seconds into the window; each replica's event
+    loop is probed (``fleet_replica.py``'s ``TICKLOCK_BENCH_PROBE``) for the view change."""
 
 
 WORKLOADS = [
@@ -94,6 +97,10 @@ WORKLOADS = [
     Workload("8x250", 8, 250, 1.0, seconds=60, warm_up=10),
     Workload("16x250", 16, 250, 1.0, seconds=45, warm_up=15),
     Workload("8x10000", 8, 10_000, 60.0, seconds=200, warm_up=90, timeout=30, waves=2),
+    # a view change: a ninth replica joins the 8 x 10,000 fleet after its first wave
+    Workload(
+        "join", 8, 10_000, 60.0, seconds=200, warm_up=90, timeout=30, waves=1, join_at=20,
+    ),
     # P2 for a fleet: every job ran at start and is next due in an hour
     Workload("idle", 8, 10_000, 3600.0, seconds=45, warm_up=60, timeout=30),
     Workload("kill", 8, 250, 1.0, seconds=0, warm_up=10, handler="write", failover="kill"),
@@ -199,23 +206,29 @@ class Fleet:
         self.signalled: set[str] = set()  # killed or stopped on purpose
 
     async def start(self) -> None:
+        for i in range(self.w.replicas):
+            await self.start_one(f"r{i}")
+
+    async def start_one(self, owner: str) -> None:
         w = self.w
-        for i in range(w.replicas):
-            owner = f"r{i}"
-            # the owner as application_name: its backends are found in pg_stat_activity
-            dsn = f"{self.dsn}{'&' if '?' in self.dsn else '?'}application_name={owner}"
-            args = [dsn, self.schema, str(w.jobs), owner, "own"]
-            args += [f"{w.interval:g}", f"{w.timeout:g}", w.handler]
-            with self.log(owner).open("wb") as log:
-                self.procs[owner] = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    str(HERE / "fleet_replica.py"),
-                    *args,
-                    env=replica_env(self.design.src),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+        env = replica_env(self.design.src)
+        if w.join_at:
+            env["TICKLOCK_BENCH_PROBE"] = str(self.logs / self.schema)
+            (self.logs / self.schema).mkdir(parents=True, exist_ok=True)
+        # the owner as application_name: its backends are found in pg_stat_activity
+        dsn = f"{self.dsn}{'&' if '?' in self.dsn else '?'}application_name={owner}"
+        args = [dsn, self.schema, str(w.jobs), owner, "own"]
+        args += [f"{w.interval:g}", f"{w.timeout:g}", w.handler]
+        with self.log(owner).open("wb") as log:
+            self.procs[owner] = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(HERE / "fleet_replica.py"),
+                *args,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def log(self, owner: str) -> Path:
         return self.logs / f"{self.schema}-{owner}.log"
@@ -516,6 +529,29 @@ def failover(
     }
 
 
+def stalls(w: Workload, probes: Path, joined: float, span: float = 20.0) -> dict[str, Any]:
+    """The longest event-loop stall of the replicas there before the join, ``span`` seconds
+    before it and after it: wall time, and the CPU the loop used meanwhile (its own work; the
+    rest is waiting for a core)."""
+    before: list[tuple[float, float]] = [(0.0, 0.0)]
+    after: list[tuple[float, float]] = [(0.0, 0.0)]
+    for i in range(w.replicas):
+        path = probes / f"r{i}.probe"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            at, wall, cpu = map(float, line.split())
+            if joined - span <= at < joined:
+                before.append((cpu, wall))
+            elif joined <= at < joined + span:
+                after.append((cpu, wall))
+    return {
+        "joined_at": joined,
+        "stall_cpu_before_join_ms": max(before)[0],
+        "stall_wall_before_join_ms": max(wall for _, wall in before),
+        "stall_cpu_after_join_ms": max(after)[0],
+        "stall_wall_after_join_ms": max(wall for _, wall in after),
+    }
+
+
 async def writes(admin: asyncpg.Connection[Any], schema: str) -> dict[str, int]:
     """G5: rows in ``writes`` without a committed run of the same (job, slot) by the same
     owner, (job, slot) pairs written twice, and committed runs whose write is missing."""
@@ -558,9 +594,13 @@ async def measure(
         if w.waves:
             first = await first_wave(admin, schema, w.jobs, w.warm_up)
             start = await sample(admin, server)
+            if w.join_at:
+                await sleep_until(start.at + w.join_at)
+                event = time.time()
+                await fleet.start_one(f"r{w.replicas}")
             # and before wave waves + 2 can start (an interval after the end of the one before)
             last = min(started + w.seconds, first + (w.waves + 1) * w.interval - 2)
-            await sleep_until(max(last, start.at + 10))
+            await sleep_until(max(last, start.at + 10, event + 25 if w.join_at else 0))
         else:
             await sleep_until(started + w.warm_up)
             start = await sample(admin, server)
@@ -595,6 +635,8 @@ async def measure(
         report |= await writes(admin, schema)
     else:
         report |= steady(w, runs, (start, end))
+    if w.join_at:
+        report |= stalls(w, fleet.logs / schema, event)
     report["replicas_exited_early"] = exited
     await admin.close()
     return report
@@ -612,6 +654,10 @@ STEADY_ROWS = [
     ("transactions_per_second_per_replica", "transactions a second per replica"),
     ("database_cpu_percent", "database CPU, % of one core"),
     ("outcomes", "outcomes recorded"),
+    ("stall_cpu_before_join_ms", "longest loop stall, 20 s before the join: its CPU, ms"),
+    ("stall_wall_before_join_ms", "longest loop stall, 20 s before the join: wall, ms"),
+    ("stall_cpu_after_join_ms", "longest loop stall, 20 s after the join: its CPU, ms"),
+    ("stall_wall_after_join_ms", "longest loop stall, 20 s after the join: wall, ms"),
 ]
 FAILOVER_ROWS = [
     ("victim_jobs", "jobs whose last run was the victim's"),
