@@ -745,6 +745,7 @@ def main() -> None:
     # the shared design's src ("baseline": the baseline's, to try this script on a day the
     # working tree is mid-change)
     parser.add_argument("--shared-src", default=str(REPO / "src"), help=argparse.SUPPRESS)
+    parser.add_argument("--logs", help="keep the replicas' logs and probes in this directory")
     args = parser.parse_args()
     workloads = QUICK if args.quick else WORKLOADS
     if args.only:
@@ -763,8 +764,8 @@ def main() -> None:
         designs = [d for d in (today, Design("shared", shared)) if d.name in wanted]
         for design in designs:
             describe(design)
-        logs = Path(tmp) / "logs"
-        logs.mkdir()
+        logs = Path(args.logs) if args.logs else Path(tmp) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         from benchmarks.postgres import database
 
         with database(args.dsn) as dsn:

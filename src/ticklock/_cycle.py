@@ -343,10 +343,10 @@ class Cycle(Entry):
         fleet's state (its ``catch_up`` rule), and serve a trigger request."""
         if not self.job.enabled:
             return
-        if self.state is None and paused_at is None and trigger_at is None:
-            return
-        now = self.crew.clock.now()
         old = self.state or NO_STATE
+        if paused_at is trigger_at is old.paused_at is old.trigger_at is None and not self.manual:
+            return  # neither paused nor triggered, before or now: nothing to obey (each beat)
+        now = self.crew.clock.now()
         was, asked = old.paused_at, old.trigger_at
         state = self.state = replace(old, paused_at=paused_at, trigger_at=trigger_at)
         if was is not None and paused_at is None:  # resumed: the pause is not overdue

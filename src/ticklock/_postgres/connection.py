@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 MAX_SIZE = 10
 """Connections of the pool ticklock creates: one per tick in flight, opened on demand."""
+IDLE_SECONDS = 5.0
+"""Seconds a connection of that pool stays open unused: a replica holds about one connection
+per tick in flight (and its LISTEN one), whatever the number of its jobs, not the most it
+ever had in flight at once."""
 CONNECT_TIMEOUT = 5.0
 """Seconds a new connection may take (asyncpg's default, 60 s, would hold up an app's start
 for a minute when the database's host accepts connections and never answers)."""
@@ -297,7 +301,12 @@ async def create_pool(dsn: str | None, pooler: Pooler) -> asyncpg.Pool[Any]:
         return con
 
     return await asyncpg.create_pool(
-        dsn, min_size=0, max_size=MAX_SIZE, connect=connect_one, reset=_reset_by_the_tick
+        dsn,
+        min_size=0,
+        max_size=MAX_SIZE,
+        max_inactive_connection_lifetime=IDLE_SECONDS,
+        connect=connect_one,
+        reset=_reset_by_the_tick,
     )
 
 
