@@ -71,7 +71,9 @@ def pgbouncer(dsn: str) -> Iterator[tuple[str, list[str]]]:
     if os.geteuid() == 0:  # pgbouncer refuses to run as root
         shutil.chown(folder, "embedded_postgres")
         argv[1:1] = ["-u", "embedded_postgres"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # its log to a file: a pipe nobody reads would fill, and PgBouncer would stop accepting
+    log = (folder / "pgbouncer.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -80,21 +82,28 @@ def pgbouncer(dsn: str) -> Iterator[tuple[str, list[str]]]:
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise SystemExit(f"pgbouncer did not start: {proc.communicate()[0]!r}") from None
+                said = (folder / "pgbouncer.log").read_text()
+                raise SystemExit(f"pgbouncer did not start: {said}") from None
             time.sleep(0.05)
     psql = ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", str(target.username)]
     try:
         yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres", psql + ["pgbouncer"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        proc.wait(timeout=10)
+        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def clients(psql: list[str]) -> dict[str, list[int]]:
     """PgBouncer's client connections now: each application_name's client ports."""
     out = subprocess.run(
-        [*psql, "-A", "-F", "|", "-c", "SHOW CLIENTS"], capture_output=True, text=True, check=True
+        [*psql, "-A", "-F", "|", "-c", "SHOW CLIENTS"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+        stdin=subprocess.DEVNULL,
     ).stdout.splitlines()
     header = out[0].split("|")
     name, port, db = (

@@ -149,7 +149,11 @@ def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
     argv = [PGBOUNCER, str(ini)]
     if os.geteuid() == 0:  # pgbouncer refuses to run as root (it logs to stderr here)
         argv[1:1] = ["-u", "embedded_postgres"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # its log to a file: a pipe nobody reads fills (a line per connection), and PgBouncer
+    # then stops accepting connections
+    log_path = tmp_path / "pgbouncer.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -158,15 +162,14 @@ def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise AssertionError(
-                    f"pgbouncer did not start: {proc.communicate()[0]!r}"
-                ) from None
+                proc.wait()
+                raise AssertionError(f"pgbouncer did not start: {log_path.read_text()!r}") from None
             time.sleep(0.05)
     try:
         yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
