@@ -7,7 +7,7 @@ transaction mode (``pgbouncer`` on the ``PATH`` or in ``/usr/sbin``). ``--replic
 processes (``fleet_replica.py``, ``Scheduler(dsn)`` through PgBouncer, each its owner as
 ``application_name``) share the same jobs ``every(--interval)``; each run inserts a row through
 its connection and sleeps 50 ms, so that runs overlap. After a warm-up, PgBouncer's client
-connections are counted per replica (``SHOW CLIENTS`` through ``psql``) every
+connections are counted per replica (its sockets to PgBouncer, from ``/proc``) every
 ``--every`` seconds, and each count is set against the replica's runs in flight at that
 instant (from the runs table: started, not finished). Figures per number of jobs: the
 connections a replica held (peak, p99), its connections beyond its runs in flight (max, p99;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -47,9 +48,8 @@ PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
 @contextmanager
-def pgbouncer(dsn: str) -> Iterator[tuple[str, list[str]]]:
-    """A transaction-mode PgBouncer in front of ``dsn``: its DSN, and the ``psql`` argv of its
-    admin console."""
+def pgbouncer(dsn: str) -> Iterator[str]:
+    """A transaction-mode PgBouncer in front of ``dsn``: its DSN."""
     target = urlsplit(dsn)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,7 +63,6 @@ def pgbouncer(dsn: str) -> Iterator[tuple[str, list[str]]]:
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
         "auth_type = any\npool_mode = transaction\n"
-        f"admin_users = {target.username}\n"
         "max_client_conn = 2000\ndefault_pool_size = 20\n"
         "ignore_startup_parameters = extra_float_digits\n"
     )
@@ -85,9 +84,8 @@ def pgbouncer(dsn: str) -> Iterator[tuple[str, list[str]]]:
                 said = (folder / "pgbouncer.log").read_text()
                 raise SystemExit(f"pgbouncer did not start: {said}") from None
             time.sleep(0.05)
-    psql = ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", str(target.username)]
     try:
-        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres", psql + ["pgbouncer"]
+        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
@@ -95,34 +93,33 @@ def pgbouncer(dsn: str) -> Iterator[tuple[str, list[str]]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def clients(psql: list[str]) -> dict[str, list[int]]:
-    """PgBouncer's client connections now: each application_name's client ports."""
-    out = subprocess.run(
-        [*psql, "-A", "-F", "|", "-c", "SHOW CLIENTS"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=10,
-        stdin=subprocess.DEVNULL,
-    ).stdout.splitlines()
-    header = out[0].split("|")
-    name, port, db = (
-        header.index("application_name"),
-        header.index("port"),
-        header.index("database"),
-    )
+def clients(port: int, pids: dict[str, int]) -> dict[str, list[int]]:
+    """Each replica's established TCP connections to ``port`` now (its client ports), from
+    ``/proc`` (PgBouncer's ``SHOW CLIENTS`` loses a client's ``application_name`` once a
+    ``RESET ALL`` reaches the server)."""
+    by_inode: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                    by_inode[inode] = int(local.rsplit(":", 1)[1], 16)
     seen: dict[str, list[int]] = defaultdict(list)
-    for line in out[1:]:
-        fields = line.split("|")
-        if len(fields) == len(header) and fields[db] != "pgbouncer":
-            seen[fields[name]].append(int(fields[port]))
+    for owner, pid in pids.items():
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:[") and target[8:-1] in by_inode:
+                        seen[owner].append(by_inode[target[8:-1]])
     return seen
 
 
-async def measure(
-    dsn: str, bouncer: str, psql: list[str], args: argparse.Namespace, jobs: int
-) -> dict[str, Any]:
+async def measure(dsn: str, bouncer: str, args: argparse.Namespace, jobs: int) -> dict[str, Any]:
     schema = f"bench_p10_{jobs}"
+    port = urlsplit(bouncer).port
+    assert port is not None
     admin = await asyncpg.connect(dsn)
     await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     await admin.execute(
@@ -142,12 +139,13 @@ async def measure(
                     argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
                 )
             )
+        pids = {owner: p.pid for owner, p in zip(owners, procs, strict=True)}
         await asyncio.sleep(args.warm_up)
         samples: list[tuple[float, dict[str, list[int]]]] = []
         t0 = time.time()
         while time.time() < t0 + args.seconds:
             before = time.time()
-            seen = await asyncio.to_thread(clients, psql)
+            seen = await asyncio.to_thread(clients, port, pids)
             samples.append(((before + time.time()) / 2, seen))
             await asyncio.sleep(max(0.0, before + args.every - time.time()))
         exited = [owner for owner, p in zip(owners, procs, strict=True) if p.poll() is not None]
@@ -168,7 +166,9 @@ async def measure(
     runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         runs[r["owner"]].append((r["started_at"].timestamp(), r["finished_at"].timestamp()))
-    held, beyond, totals = [], [], []
+    held: list[float] = []
+    beyond: list[float] = []
+    totals: list[float] = []
     ports: dict[str, set[int]] = defaultdict(set)
     for at, seen in samples:
         totals.append(sum(len(p) for p in seen.values()))
@@ -216,7 +216,7 @@ ROWS = [
     ("beyond_runs_in_flight_p99", "connections beyond its runs in flight, p99"),
     ("beyond_runs_in_flight_max", "connections beyond its runs in flight, max"),
     ("share_of_counts_beyond_2", "share of counts beyond runs in flight + 2"),
-    ("pgbouncer_clients_peak", "client connections at PgBouncer, peak"),
+    ("pgbouncer_clients_peak", "the replicas' client connections to PgBouncer, peak"),
     ("connections_opened_per_replica_per_minute_at_least", "connections opened a minute, ≥"),
 ]
 
@@ -238,9 +238,9 @@ def main() -> None:
             [PGBOUNCER, "--version"], capture_output=True, text=True
         ).stdout.splitlines()[0],
     }
-    with database(args.dsn) as dsn, pgbouncer(dsn) as (bouncer, psql):
+    with database(args.dsn) as dsn, pgbouncer(dsn) as bouncer:
         for jobs in (int(j) for j in args.jobs.split(",")):
-            report[f"{args.replicas}x{jobs}"] = asyncio.run(measure(dsn, bouncer, psql, args, jobs))
+            report[f"{args.replicas}x{jobs}"] = asyncio.run(measure(dsn, bouncer, args, jobs))
             print(json.dumps(report[f"{args.replicas}x{jobs}"]), flush=True)
     out = HERE / "results" / f"connections{'-' + args.label if args.label else ''}.json"
     out.write_text(json.dumps(report, indent=1, default=str))
