@@ -22,7 +22,7 @@ from ._telemetry import logger
 
 LOAD_RETRY = 30.0
 """Seconds before reading the fleet's state again after an error."""
-VIEW_CHUNK = 500
+VIEW_CHUNK = 100
 """Jobs that take their role in a new view between two passes of the event loop."""
 _NO_CONTROL = Control(None, None)
 
@@ -182,10 +182,11 @@ class Service:
             cycle.control(*controls.get(job_id, _NO_CONTROL))
 
     async def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
-        """A new view of the live replicas: each job takes its role in it, a chunk of
+        """A new view of the live replicas: each waiting job takes its role in it, a chunk of
         :data:`VIEW_CHUNK` jobs at a time, so that the runs and timers due meanwhile are not
-        held up (a job not reached yet keeps its role in the view before, as when this replica
-        hears of a change later than the others)."""
+        held up (a job not reached yet waits as the view before had it, as when this replica
+        hears of a change later than the others; a job that plans meanwhile plans in the new
+        view)."""
         if not self._crew.share.update(members, seen) or not self._crew.running:
             return
         for i, cycle in enumerate(list(self._cycles.values())):

@@ -163,7 +163,7 @@ class Share:
 
     def _order(self, job_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
         members = self._members
-        declared = {o: fp for o, m in members.items() if (fp := m.jobs.get(job_id)) is not None}
+        declared = {o: m.jobs[job_id] for o, m in members.items() if job_id in m.jobs}
         if not declared:
             return _UNRANKED
         fingerprints = set(declared.values())

@@ -204,7 +204,7 @@ class Watch:
             frozenset(declared.failing),
             row["started_at"],
         )
-        await self._members({self._owner: me, **others}, seen)
+        # what operators asked first, as read: the new view's roles take passes of the loop
         self._apply(
             {
                 job_id: Control(paused_at, trigger_at)
@@ -213,6 +213,7 @@ class Watch:
                 )
             }
         )
+        await self._members({self._owner: me, **others}, seen)
 
     async def _repair(self, why: str) -> None:
         """Create ticklock's tables again (some were dropped), then beat again at once."""
