@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 
 MAX_SIZE = 10
 """Connections of the pool ticklock creates: one per tick in flight, opened on demand."""
-IDLE_SECONDS = 5.0
-"""Seconds a connection of that pool stays open unused: a replica holds about one connection
-per tick in flight (and its LISTEN one), whatever the number of its jobs, not the most it
-ever had in flight at once."""
+IDLE_SECONDS = 20.0
+"""Seconds a connection of that pool stays open unused: a replica holds about the connections
+its ticks used in the last 20 s (and its LISTEN one), whatever the number of its jobs, not the
+most it ever had in flight at once. Longer than the 15 s between a listening replica's
+heartbeats, so that its beats keep one connection open instead of opening one each."""
 CONNECT_TIMEOUT = 5.0
 """Seconds a new connection may take (asyncpg's default, 60 s, would hold up an app's start
 for a minute when the database's host accepts connections and never answers)."""
