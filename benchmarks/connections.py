@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,48 +47,17 @@ PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
 @contextmanager
-def pgbouncer(dsn: str) -> Iterator[str]:
-    """A transaction-mode PgBouncer in front of ``dsn``: its DSN."""
-    target = urlsplit(dsn)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def bouncer(dsn: str) -> Iterator[str]:
+    """A transaction-mode PgBouncer in front of ``dsn`` (the tests' own): its DSN."""
+    from pgserver import pgbouncer
+
     folder = Path(tempfile.mkdtemp(prefix="p10-bouncer-"))
-    ini = folder / "pgbouncer.ini"
-    ini.write_text(
-        "[databases]\n"
-        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
-        f"user={target.username}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
-        "auth_type = any\npool_mode = transaction\n"
-        "max_client_conn = 2000\ndefault_pool_size = 20\n"
-        "ignore_startup_parameters = extra_float_digits\n"
-    )
-    argv = [PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root
+    if os.geteuid() == 0:  # it runs as the server's user
         shutil.chown(folder, "embedded_postgres")
-        argv[1:1] = ["-u", "embedded_postgres"]
-    # its log to a file: a pipe nobody reads would fill, and PgBouncer would stop accepting
-    log = (folder / "pgbouncer.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                said = (folder / "pgbouncer.log").read_text()
-                raise SystemExit(f"pgbouncer did not start: {said}") from None
-            time.sleep(0.05)
     try:
-        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
+        with pgbouncer(PGBOUNCER, dsn, folder, max_client_conn=2000, pool_size=20) as url:
+            yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -238,9 +206,9 @@ def main() -> None:
             [PGBOUNCER, "--version"], capture_output=True, text=True
         ).stdout.splitlines()[0],
     }
-    with database(args.dsn) as dsn, pgbouncer(dsn) as bouncer:
+    with database(args.dsn) as dsn, bouncer(dsn) as through:
         for jobs in (int(j) for j in args.jobs.split(",")):
-            report[f"{args.replicas}x{jobs}"] = asyncio.run(measure(dsn, bouncer, args, jobs))
+            report[f"{args.replicas}x{jobs}"] = asyncio.run(measure(dsn, through, args, jobs))
             print(json.dumps(report[f"{args.replicas}x{jobs}"]), flush=True)
     out = HERE / "results" / f"connections{'-' + args.label if args.label else ''}.json"
     out.write_text(json.dumps(report, indent=1, default=str))

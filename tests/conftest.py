@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import PGBOUNCER, Replicas
-from pgserver import TempPostgres
+from pgserver import TempPostgres, pgbouncer
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -131,45 +126,8 @@ def bouncer(pg_dsn: str, tmp_path: Path) -> Iterator[str]:
     """A real PgBouncer in transaction-pooling mode in front of the test server: its DSN."""
     if PGBOUNCER is None:
         pytest.skip("pgbouncer is not installed")
-    target = urlsplit(pg_dsn)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ini = tmp_path / "pgbouncer.ini"
-    ini.write_text(
-        "[databases]\n"
-        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
-        f"user={target.username}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
-        "auth_type = any\npool_mode = transaction\n"
-        "max_client_conn = 100\ndefault_pool_size = 10\n"
-        "ignore_startup_parameters = extra_float_digits\n"
-    )
-    argv = [PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root (it logs to stderr here)
-        argv[1:1] = ["-u", "embedded_postgres"]
-    # its log to a file: a pipe nobody reads fills (a line per connection), and PgBouncer
-    # then stops accepting connections
-    log_path = tmp_path / "pgbouncer.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                proc.wait()
-                raise AssertionError(f"pgbouncer did not start: {log_path.read_text()!r}") from None
-            time.sleep(0.05)
-    try:
-        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    with pgbouncer(PGBOUNCER, pg_dsn, tmp_path) as dsn:
+        yield dsn
 
 
 @pytest.fixture

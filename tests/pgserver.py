@@ -10,11 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def _free_port() -> int:
@@ -105,6 +109,51 @@ class TempPostgres:
         with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def pgbouncer(
+    binary: str, dsn: str, folder: Path, *, max_client_conn: int = 100, pool_size: int = 10
+) -> Iterator[str]:
+    """A real PgBouncer in transaction-pooling mode in front of ``dsn``, its files in
+    ``folder``: its DSN."""
+    target = urlsplit(dsn)
+    port = _free_port()
+    ini = folder / "pgbouncer.ini"
+    ini.write_text(
+        "[databases]\n"
+        f"postgres = host={target.hostname} port={target.port} dbname=postgres "
+        f"user={target.username}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        "auth_type = any\npool_mode = transaction\n"
+        f"max_client_conn = {max_client_conn}\ndefault_pool_size = {pool_size}\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+    )
+    argv = [binary, str(ini)]
+    if os.geteuid() == 0:  # pgbouncer refuses to run as root (it logs to stderr here)
+        argv[1:1] = ["-u", "embedded_postgres"]
+    # its log to a file: a pipe nobody reads fills (a line per connection), and PgBouncer
+    # then stops accepting connections
+    log_path = folder / "pgbouncer.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"pgbouncer did not start: {log_path.read_text()!r}") from None
+            time.sleep(0.05)
+    try:
+        yield f"postgresql://{target.username}@127.0.0.1:{port}/postgres"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":  # start one by hand: python tests/pgserver.py
