@@ -134,6 +134,26 @@ def test_the_weight_is_stable() -> None:
     assert weight("web-1", "purge") != weight("web-2", "purge")
 
 
+def test_the_ranking_is_by_weight_highest_first_given_ups_last() -> None:
+    # the ranking hashes inline (for speed): it must order as the stable weight does
+    rnd = Random(7)
+    started = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    for _ in range(200):
+        owners = sorted({f"web-{rnd.randrange(10**6)}" for _ in range(rnd.randint(1, 9))})
+        job = f"job-{rnd.randrange(10**6)}"
+        gave_up = {o for o in owners if rnd.random() < 0.2}
+        share = Share(owners[0])
+        share.update(
+            {
+                o: Member({job: "fp"}, frozenset({job} if o in gave_up else ()), started)
+                for o in owners
+            },
+            {},
+        )
+        expected = sorted(owners, key=lambda o: (o not in gave_up, weight(o, job), o), reverse=True)
+        assert share.ranking(job) == tuple(expected)
+
+
 # -- a backup in local mode: its owner is given, and never runs (deterministic) --------------
 
 

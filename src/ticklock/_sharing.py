@@ -92,6 +92,7 @@ class Role(NamedTuple):
 _UNRANKED: tuple[tuple[str, ...], frozenset[str]] = ((), frozenset())
 """The ranking of a job no live replica declares (shared: a job costs no entry of its own)."""
 _NONE: frozenset[str] = frozenset()
+"""No replica declaring a job otherwise (shared)."""
 _ALONE = Role(())
 """The role of a replica that attempts each slot itself."""
 
