@@ -17,6 +17,9 @@ per committed run (``xact_commit + xact_rollback`` over the window, as P7 counts
 database's CPU (its processes' /proc times, read before the replicas stop) and the outcomes
 recorded. ``8x10000`` (``every(60)``) measures its second and third waves: its window starts
 when every job has run once (the first wave is the start-up burst).
+``join`` is the same fleet, measured over its second wave, with a ninth replica joining 20 s
+into it: each replica's event loop is probed for stalls (``fleet_replica.py``), 20 s before
+the join and 20 s after.
 
 Failover (8 x 250 ``every(1)``; each handler inserts a row through its run's connection and
 sleeps 50 ms): ``kill`` SIGKILLs, and ``stop`` SIGSTOPs for 10 s, the replica that committed the
