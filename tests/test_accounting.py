@@ -12,9 +12,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from ticklock import JobContext, Scheduler, cron, every
 from ticklock._coordination import FleetState
-from ticklock._fleet import Fate, JobState
+from ticklock._fleet import Action, Fate, JobState
 from ticklock._job import Job, Outcome, RunResult
-from ticklock._ledger import unattempted
+from ticklock._ledger import unattempted, walking
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
@@ -154,6 +154,36 @@ async def test_the_ledger_of_a_fleet_on_a_manual_clock() -> None:
     assert held[2] == (3, "skipped", "paused by ops at 2026-01-01T00:02:30+00:00: INC-7")
     assert held[6][1:] == ("skipped", "disabled: declared with enabled=False by every live replica")
     assert Fate(held[0][1]) is Fate.RAN
+
+
+async def _paused_ledger(days: int) -> tuple[list[tuple[timedelta, str, str | None]], int]:
+    """The last day's ledger of an ``every(1)`` job on a MemoryDatabase whose replica "old"
+    has been live for ``days``, the job paused for all but the first of them; and the
+    schedule steps it took."""
+    now = T0 + timedelta(days=days)
+    clock = ManualClock(now)
+    db = MemoryDatabase()
+    job = Job.declare(_noop, every(1), id="j0", timeout=0.5)
+    db.silent_replica("old", [job], T0)
+    paused = T0 + timedelta(days=1)
+    before = paused - timedelta(seconds=1)
+    db.recorded(RunResult("j0", Outcome.SUCCESS, before, before, before, "old"))
+    db.steer("j0", paused_at=paused, trigger_at=None)
+    db.actions.append(Action("j0", "pause", "ops", paused, None, True))
+    scheduler = Scheduler(database=db, clock=clock, owner="a")
+    scheduler.add(_noop, every(1), id="j0", timeout=0.5)
+    async with scheduler:
+        with walking() as walk:
+            ledger = await scheduler.fleet.slots("j0", now - timedelta(days=1), now)
+    return [(s.slot - now, s.fate.value, s.reason) for s in ledger], walk.steps
+
+
+async def test_a_days_ledger_in_memory_costs_a_day_however_old_the_records() -> None:
+    year, year_steps = await _paused_ledger(365)
+    days, days_steps = await _paused_ledger(2)
+    assert year == days and len(year) == 1000
+    assert year[0][1:] == ("skipped", "paused by ops at 2026-01-02T00:00:00+00:00")
+    assert year_steps == days_steps <= 10_000  # the day's slots, not each second since the pause
 
 
 def test_status_fails_on_the_states_asked_for() -> None:

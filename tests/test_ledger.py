@@ -8,7 +8,7 @@ import pytest
 
 from ticklock import cron, every
 from ticklock._fleet import Action, Fate, RunRecord
-from ticklock._ledger import Records, Span, account
+from ticklock._ledger import Records, Span, account, walking
 from ticklock._spec import Spec, from_json, to_json
 
 T0 = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
@@ -328,3 +328,34 @@ def test_the_records_bound_where_the_ledger_begins() -> None:
         "ran",
         "ran",
     ]
+
+
+def _paused_for(days: int, trigger: object) -> tuple[list[tuple[timedelta, str, str | None]], int]:
+    """The ledger of the day before ``now`` of a job declared ``days`` ago and paused for all
+    but its first day, and the schedule steps it took."""
+    now = at(60 * 24 * days)
+    paused = at(60 * 24)
+    records = Records(
+        runs=[run(60 * 24 - 1)],
+        actions=[Action("j", "pause", "ops", paused, None, True)],
+        presence=(Span("a", T0, None),),  # one replica, live all along
+        paused_at=paused,
+        horizon=T0,
+        declared_since=T0,
+    )
+    with walking() as walk:
+        ledger = account(spec(trigger), records, now - timedelta(days=1), now, now)
+    return [(s.slot - now, s.fate.value, s.reason) for s in ledger], walk.steps
+
+
+@pytest.mark.parametrize(
+    "trigger", [every(1), every(minutes=1), cron("* * * * *")], ids=["every-1s", "every-1m", "cron"]
+)
+def test_a_days_ledger_costs_a_day_however_old_the_records(trigger: object) -> None:
+    # a replica live for a year, the job paused 364 days ago: the day's ledger walks the
+    # day's slots, not every interval since the pause
+    year, year_steps = _paused_for(365, trigger)
+    days, days_steps = _paused_for(2, trigger)
+    assert year == days and len(year) == 1000
+    assert year[0][1:] == ("skipped", "paused by ops at 2026-12-02T03:00:00+00:00")
+    assert year_steps == days_steps <= 4 * 1440

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -45,6 +47,35 @@ LIVE_SLACK = timedelta(seconds=20)
 """A replica counts as live this long after its last recorded beat (it beats every 15 s)."""
 TOLERANCE = timedelta(seconds=1)
 """Instants closer than this are the same (an ``every`` slot against a run's end)."""
+
+
+@dataclass(slots=True)
+class Walk:
+    """The schedule steps the ledgers computed under :func:`walking` took (its tests' measure
+    of a ledger's work: it follows the window, not the age of the records)."""
+
+    steps: int = 0
+
+
+_WALK: ContextVar[Walk | None] = ContextVar("ticklock_ledger_walk", default=None)
+
+
+@contextmanager
+def walking() -> Iterator[Walk]:
+    """Count the schedule steps of the ledgers computed in this context (and the worker
+    threads it starts)."""
+    walk = Walk()
+    token = _WALK.set(walk)
+    try:
+        yield walk
+    finally:
+        _WALK.reset(token)
+
+
+def _walked(steps: int) -> None:
+    walk = _WALK.get()
+    if walk is not None:
+        walk.steps += steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +220,7 @@ def _fires(trigger: Cron, since: datetime, until: datetime) -> list[datetime]:
     fires: list[datetime] = []
     at: datetime | None = since - timedelta(microseconds=1)
     while len(fires) < STEPS:
+        _walked(1)
         at = trigger.next_fire(at) if at is not None else None
         if at is None or at > until:
             break
@@ -208,8 +240,14 @@ def _every(
     slots: list[datetime] = []
 
     def owe(at: datetime) -> None:
+        _walked(1)
         if since <= at <= until and len(slots) < STEPS:
             slots.append(at)
+
+    def onward(at: datetime) -> datetime:
+        """``at`` moved on by whole intervals to the window's start: the slots before it
+        are not walked one by one (a job paused for months)."""
+        return at + interval * -((at - since) // interval) if at < since else at
 
     ended = [r.finished_at for r in runs if _slot(r) < since]
     if ended:
@@ -226,6 +264,7 @@ def _every(
         if slot == last:  # a retry of the slot: the interval counts from its end
             due = max(due, run.finished_at + interval)
             continue
+        due = onward(due)
         while due < slot - slack and due <= until and len(slots) < STEPS:
             owe(due)
             due += interval
@@ -241,6 +280,7 @@ def _every(
             owe(at)
             at += interval
         last, due = slot, run.finished_at + interval
+    due = onward(due)
     while due <= until and len(slots) < STEPS:
         owe(due)
         due += interval
