@@ -269,3 +269,60 @@ async def test_a_days_ledger_on_postgres_costs_a_day_however_old_the_records(
     assert len(year) == 1000 and [s[:2] for s in year] == [s[:2] for s in days]
     assert year[0][1] is Fate.SKIPPED and "paused by ops" in (year[0][2] or "")
     assert steps[0] <= 10_000 and steps[1] <= 10_000, steps  # the day's slots, not the year's
+
+
+async def test_slots_says_a_run_was_late_and_gives_the_runs_reports(server: TempPostgres) -> None:
+    # a resume after a pause on real PostgreSQL: the slot due while paused runs late, and
+    # `ticklock slots` lists it with why; --json carries its lateness and each run's report
+    env = {**os.environ, "TICKLOCK_DSN": server.dsn}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ticklock", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    start = datetime.now(timezone.utc) - timedelta(seconds=1)
+    scheduler = Scheduler(server.dsn, owner="a")
+
+    @scheduler.job(every(1), id="paused", timeout=0.5)  # overdue_grace: 1 s
+    async def paused(ctx: JobContext) -> dict[str, int]:
+        return {"n": 1}
+
+    @scheduler.job(every(1), id="wordy", timeout=0.5)
+    async def wordy(ctx: JobContext) -> dict[str, str]:
+        return {"text": "x" * 1000}
+
+    with run_log() as log:
+
+        async def ran(job_id: str, n: int) -> bool:
+            return log.outcomes(job_id).count("success") >= n
+
+        async with scheduler:
+            await eventually(lambda: ran("paused", 2), 10, "runs before the pause")
+            await scheduler.fleet.pause("paused", "INC-5", who="ops")
+            await anyio.sleep(3)
+            before = log.outcomes("paused").count("success")
+            await scheduler.fleet.resume("paused", who="ops")
+            await eventually(lambda: ran("paused", before + 1), 10, "the run after the resume")
+            await eventually(lambda: ran("wordy", 1), 10, "a wordy run")
+    since = start.isoformat()
+
+    shown = await anyio.to_thread.run_sync(cli, "slots", "paused", "--since", since, "--json")
+    assert shown.returncode == 0, shown.stderr
+    slots: list[dict[str, Any]] = json.loads(shown.stdout)["slots"]
+    ran_slots = [s for s in slots if s["fate"] == "ran"]
+    assert all(s["run"]["report"] == {"n": 1} for s in ran_slots), ran_slots
+    [late] = [s for s in ran_slots if s["reason"] is not None]
+    assert late["lateness"] > 1 and "paused by ops at" in late["reason"], late
+    assert "INC-5" in late["reason"]
+    assert all(0 <= s["lateness"] < 1 for s in ran_slots if s is not late)
+    assert all(s["lateness"] is None for s in slots if s["run"] is None)
+
+    text = await anyio.to_thread.run_sync(cli, "slots", "paused", "--since", since)
+    assert text.returncode == 0, text.stderr
+    [row] = [line for line in text.stdout.splitlines() if line.startswith(late["slot"][:19])]
+    assert " ran " in row and "paused by ops at" in row and "INC-5" in row, text.stdout
+    assert "ran (1 late)" in text.stdout.splitlines()[0], text.stdout
+
+    wordy_json = await anyio.to_thread.run_sync(cli, "slots", "wordy", "--since", since, "--json")
+    [report, *_] = [s["run"]["report"] for s in json.loads(wordy_json.stdout)["slots"] if s["run"]]
+    assert report["cut_by_ticklock"] is True and report["characters"] > 1000, report

@@ -10,6 +10,8 @@ they reconnected. :func:`account` is a pure function of those.
 A slot's fate, first match wins:
 
 - a run of the slot: ``ran`` if one succeeded, else ``timed out`` or ``failed`` by the last;
+  a first attempt that started more than the job's ``overdue_grace`` (and its jitter) after
+  the slot ran late, and carries the reason a miss would have;
 - no run of its own, a later success covered it (``catch_up=True``, or a run an operator
   asked for, or an ``every`` run that started after it): ``covered``, naming the run;
 - due too recently for its run to have ended (slot + timeout + grace): ``pending``;
@@ -45,6 +47,9 @@ STEPS = 200_000
 """The most schedule steps one ledger walks: a window is bounded by its cost too."""
 LIVE_SLACK = timedelta(seconds=20)
 """A replica counts as live this long after its last recorded beat (it beats every 15 s)."""
+TEXT = 500
+"""The characters of a run's report and error that a ledger gives: a longer one is cut, with a
+marker, as the dashboard's pages cut them (``Fleet.history(max_text=)``)."""
 TOLERANCE = timedelta(seconds=1)
 """Instants closer than this are the same (an ``every`` slot against a run's end)."""
 
@@ -146,16 +151,18 @@ def account(
     facts = _Facts(spec, records, runs, now)
     jitter = timedelta(seconds=spec.trigger.jitter)
     grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + jitter + TOLERANCE
+    on_time = timedelta(seconds=spec.overdue_grace) + jitter
     ledger = []
     for slot in slots:
         attempts = own.get(slot)
         if attempts:
-            ledger.append(_ran(slot, attempts))
+            ledger.append(_ran(slot, attempts, on_time, facts))
             continue
         later = _covering(slot, successes, starts)
         fate, reason, explains = facts.cause(slot)
         if later is not None and (spec.catch_up or later.manual or _slot(later) < slot):
-            ledger.append(SlotRecord(slot, Fate.COVERED, reason, later))
+            lateness = later.started_at - slot
+            ledger.append(SlotRecord(slot, Fate.COVERED, reason, later, lateness))
         elif slot + grace > now:
             ledger.append(SlotRecord(slot, Fate.PENDING))
         elif later is not None:  # passed over by catch_up=False
@@ -287,13 +294,19 @@ def _every(
     return slots
 
 
-def _ran(slot: datetime, attempts: list[RunRecord]) -> SlotRecord:
+def _ran(
+    slot: datetime, attempts: list[RunRecord], on_time: timedelta, facts: _Facts
+) -> SlotRecord:
+    """A slot with runs of its own: its fate by them; its lateness by the first, and why,
+    when that started later than ``on_time`` after the slot."""
+    lateness = min(r.started_at for r in attempts) - slot
+    reason = facts.cause(slot)[1] if lateness > on_time else None
     for run in attempts:
         if run.outcome == "success":
-            return SlotRecord(slot, Fate.RAN, None, run)
+            return SlotRecord(slot, Fate.RAN, reason, run, lateness)
     last = max(attempts, key=lambda r: r.finished_at)
     fate = Fate.TIMED_OUT if last.outcome == "timeout" else Fate.FAILED
-    return SlotRecord(slot, fate, None, last)
+    return SlotRecord(slot, fate, reason, last, lateness)
 
 
 def _covering(

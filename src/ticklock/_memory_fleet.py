@@ -26,7 +26,7 @@ from ._fleet import (
     state_of,
 )
 from ._job import Job, JobHealth, Outcome, RunResult
-from ._ledger import LIMIT, Span, account
+from ._ledger import LIMIT, TEXT, Span, account
 from ._ledger import Records as LedgerRecords
 from ._sharing import Member, owner_of
 
@@ -230,7 +230,7 @@ class MemoryFleet:
         kept = db.history.get(job_id, deque())
         full = kept.maxlen is not None and len(kept) >= kept.maxlen
         records = LedgerRecords(
-            runs=[_record(run, None) for run in kept],
+            runs=[_record(run, TEXT) for run in kept],
             actions=[a for a in db.actions if a.job_id == job_id],
             presence=presence,
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
