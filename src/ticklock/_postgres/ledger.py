@@ -35,7 +35,8 @@ class LedgerReader:
         self.namespace = namespace
         where = "WHERE namespace = $1 AND job_id = $2"
         # a run's report and error as the history gives them with max_text=TEXT: a longer
-        # report as its marker (a marker as it is), a longer error's start and its length
+        # report as its marker (a marker as it is), a longer error's start and its length;
+        # OFFSET 0 keeps the report's text one value per row, not one per use
         columns = (
             "job_id, slot, started_at, finished_at, outcome, owner, "
             f"CASE WHEN length(r.t) <= {TEXT} OR (length(r.t) <= {MARKER_MAX} "
@@ -44,7 +45,8 @@ class LedgerReader:
             f"left(error, {TEXT}) AS error, length(error) AS error_length, "
             "manual, batches, capped"
         )
-        runs = f"SELECT {columns} FROM {s}.runs, LATERAL (SELECT report::text AS t) AS r {where}"
+        text = "LATERAL (SELECT report::text AS t OFFSET 0) AS r"
+        runs = f"SELECT {columns} FROM {s}.runs, {text} {where}"
         # $3, $4: the window; $5: how many of its runs (the latest)
         self._runs = f"""
 (SELECT *, true AS inside FROM ({runs} AND finished_at >= $3 AND slot <= $4
