@@ -12,9 +12,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from ticklock import JobContext, Scheduler, cron, every
 from ticklock._coordination import FleetState
-from ticklock._fleet import Fate, JobState
+from ticklock._fleet import Action, Fate, JobState
 from ticklock._job import Job, Outcome, RunResult
-from ticklock._ledger import unattempted
+from ticklock._ledger import unattempted, walking
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
@@ -144,16 +144,67 @@ async def test_the_ledger_of_a_fleet_on_a_manual_clock() -> None:
         (3, "ran", None),
         (4, "covered", none),
         (5, "covered", none),
-        (6, "ran", None),
+        (6, "ran", none),  # the catch-up run at 6:30: late, and why
         (7, "ran", None),
         (8, "ran", None),
     ]
     assert ledger[3].run is not None and ledger[3].run.slot == T0 + timedelta(minutes=6)
+    assert ledger[5].late and ledger[5].lateness == timedelta(seconds=30)
+    assert not ledger[6].late and ledger[6].lateness == timedelta(0)
     assert [f for _, f, _ in nocatch] == ["ran"] * 3 + ["skipped"] * 3 + ["ran"] * 2
     assert nocatch[3][2] == f"catch_up=False: the next run did not cover it ({none})"
     assert held[2] == (3, "skipped", "paused by ops at 2026-01-01T00:02:30+00:00: INC-7")
     assert held[6][1:] == ("skipped", "disabled: declared with enabled=False by every live replica")
     assert Fate(held[0][1]) is Fate.RAN
+
+
+async def _paused_ledger(days: int) -> tuple[list[tuple[timedelta, str, str | None]], int]:
+    """The last day's ledger of an ``every(1)`` job on a MemoryDatabase whose replica "old"
+    has been live for ``days``, the job paused for all but the first of them; and the
+    schedule steps it took."""
+    now = T0 + timedelta(days=days)
+    clock = ManualClock(now)
+    db = MemoryDatabase()
+    job = Job.declare(_noop, every(1), id="j0", timeout=0.5)
+    db.silent_replica("old", [job], T0)
+    paused = T0 + timedelta(days=1)
+    before = paused - timedelta(seconds=1)
+    db.recorded(RunResult("j0", Outcome.SUCCESS, before, before, before, "old"))
+    db.steer("j0", paused_at=paused, trigger_at=None)
+    db.actions.append(Action("j0", "pause", "ops", paused, None, True))
+    scheduler = Scheduler(database=db, clock=clock, owner="a")
+    scheduler.add(_noop, every(1), id="j0", timeout=0.5)
+    async with scheduler:
+        with walking() as walk:
+            ledger = await scheduler.fleet.slots("j0", now - timedelta(days=1), now)
+    return [(s.slot - now, s.fate.value, s.reason) for s in ledger], walk.steps
+
+
+async def test_a_days_ledger_in_memory_costs_a_day_however_old_the_records() -> None:
+    year, year_steps = await _paused_ledger(365)
+    days, days_steps = await _paused_ledger(2)
+    assert year == days and len(year) == 1000
+    assert year[0][1:] == ("skipped", "paused by ops at 2026-01-02T00:00:00+00:00")
+    assert year_steps == days_steps <= 10_000  # the day's slots, not each second since the pause
+
+
+@pytest.mark.parametrize("trigger", [cron("* * * * *"), every(60)], ids=["cron", "every"])
+async def test_a_run_late_after_a_resume_says_so_on_a_manual_clock(trigger: object) -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, owner="a")
+    scheduler.add(_noop, trigger, id="j", timeout=10)  # type: ignore[arg-type]
+    async with scheduler:
+        await clock.advance(90)  # ran at 0 (every) and 1 min
+        await scheduler.pause("j", "INC-9", who="ops")
+        await clock.advance(60 + 26)  # 2:56: resumed, the slot of 2 min runs now
+        await scheduler.resume("j")
+        await clock.advance(30)
+        ledger = await scheduler.fleet.slots("j", T0, clock.now())
+    [late] = [s for s in ledger if s.late]
+    assert late.slot == T0 + timedelta(minutes=2) and late.fate is Fate.RAN
+    assert late.lateness == timedelta(seconds=56)
+    assert late.reason == "paused by ops at 2026-01-01T00:01:30+00:00: INC-9"
+    assert all(s.lateness == timedelta(0) for s in ledger if s.slot < late.slot)
 
 
 def test_status_fails_on_the_states_asked_for() -> None:

@@ -804,6 +804,25 @@ def test_the_timeline_places_slots_and_the_runs_that_served_them_on_one_time_axi
     assert cut.since == slots[2].slot and cut.cells[0].x == cut.plot_left
 
 
+def test_a_slot_whose_run_started_late_is_listed_with_those_that_did_not_run_as_due() -> None:
+    due = run("j", 30, 0.5)
+    late = replace(due, started_at=due.started_at + timedelta(seconds=89))
+    why = "no live replica declared the job"
+    slots = [
+        SlotRecord(due.started_at, Fate.RAN, why, late, timedelta(seconds=89)),
+        slot(20, Fate.RAN, None, run("j", 20, 0.5)),
+    ]
+    fleet = MemoryFleet([job("j")], slots={"j": slots})
+    with serve(create_app(fleet)) as base:
+        page = call(base + "/jobs/j")
+    t = slot_timeline(slots, NOW - timedelta(hours=1), NOW)
+    assert [row.slot for row in t.notable] == [slots[0]] and t.notable[0].late == "1 min 29 s"
+    notable = page.body.split("<h3>Slots that did not run as due (1)</h3>", 1)[1]
+    notable = notable.split("</table>", 1)[0]
+    assert re.findall(r'<span class="fate f-[\w-]+">([\w ]+)</span>', notable) == ["ran"]
+    assert why in notable and "1 min 29 s" in notable
+
+
 def test_a_pause_asks_for_a_note_the_audit_keeps_it_and_a_repeat_says_nothing_changed() -> None:
     fleet = sample_fleet()
     with serve(create_app(fleet, actions=True)) as base:

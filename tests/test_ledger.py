@@ -8,7 +8,7 @@ import pytest
 
 from ticklock import cron, every
 from ticklock._fleet import Action, Fate, RunRecord
-from ticklock._ledger import Records, Span, account
+from ticklock._ledger import Records, Span, account, walking
 from ticklock._spec import Spec, from_json, to_json
 
 T0 = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
@@ -165,6 +165,69 @@ def test_a_resume_ends_the_pause() -> None:
     ledger = account(spec(), records, at(0), at(20), now=at(40))
     assert [f for _, f, _ in fates(ledger)] == ["ran", "skipped", "missed"]
     assert ledger[1].reason == "paused by x at 2026-12-01T03:05:00+00:00"
+
+
+PAUSED = "paused by ops at 2026-12-01T03:05:00+00:00: INC-42"
+PAUSE = [
+    Action("j", "pause", "ops", at(5), "INC-42", True),
+    Action("j", "resume", "ops", at(11 + 26 / 60), None, True),
+]
+DOWN = (Span("a", at(-60), at(9.5), exact=True), Span("b", at(11.4), None))
+"""The whole fleet down across the slot of 03:10: "a" left at 03:09:30, "b" started at 03:11:24."""
+
+
+@pytest.mark.parametrize(
+    ("runs", "presence", "actions", "fate", "lateness", "reason"),
+    [
+        # the fleet down across the slot: the next replica's catch-up run, 89 s after it
+        ([run(10, start=11 + 29 / 60)], DOWN, [], "ran", 89, "no live replica declared the job"),
+        # the replicas killed: their last beat before the slot
+        (
+            [run(10, start=11.5)],
+            (Span("a", at(-60), at(9.8)), Span("b", at(11.4), None)),
+            [],
+            "ran",
+            90,
+            "the replicas that declared it (a) stopped beating at 2026-12-01T03:09:48+00:00 "
+            "(killed, frozen, or cut off from the database)",
+        ),
+        # a resume after a pause: the slot due while paused runs 86 s after it
+        ([run(10, start=11 + 26 / 60)], LIVE, PAUSE, "ran", 86, PAUSED),
+        # a failed run that started late says why too
+        ([run(10, "failure", start=11.5)], DOWN, [], "failed", 90, "no live replica declared"),
+        # within its overdue_grace (60 s): on time
+        ([run(10, start=10.9)], DOWN, [], "ran", 54, None),
+        # a retry is not lateness: the first attempt started on time
+        ([run(10, "failure"), run(10, start=12)], LIVE, [], "ran", 0, None),
+    ],
+    ids=["fleet-down", "fleet-killed", "resumed", "failed-late", "within-grace", "retried"],
+)
+def test_a_late_run_says_how_late_and_why(
+    runs: list[RunRecord],
+    presence: tuple[Span, ...],
+    actions: list[Action],
+    fate: str,
+    lateness: float,
+    reason: str | None,
+) -> None:
+    records = Records(runs=[run(0), *runs], presence=presence, actions=actions, horizon=at(-60))
+    ledger = account(spec(), records, at(0), at(10), now=at(30))
+    slot = ledger[1]
+    assert (slot.fate.value, slot.lateness) == (fate, timedelta(seconds=lateness))
+    assert slot.late is (reason is not None)
+    assert slot.reason == reason if reason is None else reason in (slot.reason or "")
+    assert ledger[0].lateness == timedelta(0) and not ledger[0].late
+
+
+def test_only_a_slot_with_a_run_has_a_lateness() -> None:
+    records = Records(runs=[run(0), run(20, start=20.5)], presence=LIVE, horizon=at(-60))
+    ledger = account(spec(), records, at(0), at(30), now=at(32))
+    assert [(f, s.lateness) for (_, f, _), s in zip(fates(ledger), ledger, strict=True)] == [
+        ("ran", timedelta(0)),
+        ("covered", timedelta(minutes=10.5)),  # from the slot to the run that covered it
+        ("ran", timedelta(seconds=30)),
+        ("pending", None),
+    ]
 
 
 def test_recent_and_future_slots_are_pending() -> None:
@@ -328,3 +391,34 @@ def test_the_records_bound_where_the_ledger_begins() -> None:
         "ran",
         "ran",
     ]
+
+
+def _paused_for(days: int, trigger: object) -> tuple[list[tuple[timedelta, str, str | None]], int]:
+    """The ledger of the day before ``now`` of a job declared ``days`` ago and paused for all
+    but its first day, and the schedule steps it took."""
+    now = at(60 * 24 * days)
+    paused = at(60 * 24)
+    records = Records(
+        runs=[run(60 * 24 - 1)],
+        actions=[Action("j", "pause", "ops", paused, None, True)],
+        presence=(Span("a", T0, None),),  # one replica, live all along
+        paused_at=paused,
+        horizon=T0,
+        declared_since=T0,
+    )
+    with walking() as walk:
+        ledger = account(spec(trigger), records, now - timedelta(days=1), now, now)
+    return [(s.slot - now, s.fate.value, s.reason) for s in ledger], walk.steps
+
+
+@pytest.mark.parametrize(
+    "trigger", [every(1), every(minutes=1), cron("* * * * *")], ids=["every-1s", "every-1m", "cron"]
+)
+def test_a_days_ledger_costs_a_day_however_old_the_records(trigger: object) -> None:
+    # a replica live for a year, the job paused 364 days ago: the day's ledger walks the
+    # day's slots, not every interval since the pause
+    year, year_steps = _paused_for(365, trigger)
+    days, days_steps = _paused_for(2, trigger)
+    assert year == days and len(year) == 1000
+    assert year[0][1:] == ("skipped", "paused by ops at 2026-12-02T03:00:00+00:00")
+    assert year_steps == days_steps <= 4 * 1440

@@ -21,7 +21,10 @@ from helpers import eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Scheduler, cron, every
 from ticklock._fleet import Fate, SlotRecord
+from ticklock._ledger import walking
 from ticklock._postgres.fleet import PostgresFleet, from_connection
+from ticklock._postgres.schema import migrate
+from ticklock._spec import Spec, to_json
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
@@ -196,3 +199,130 @@ async def test_every_fate_and_reason_happens_for_real(server: TempPostgres) -> N
     assert all(s["run"]["job_id"] == "catch" for s in slots if s["run"] is not None)
     held = await anyio.to_thread.run_sync(cli, "slots", "held", "--since", since)
     assert "paused by ops" in held.stdout and "INC-42" in held.stdout
+
+
+async def _aged(conn: asyncpg.Connection[Any], job_id: str, days: int) -> datetime:
+    """Rows of a replica live for ``days`` declaring ``job_id`` (``every(1)``), paused for all
+    but the first of them, with a run just before the pause; the server's now."""
+    now: datetime = await conn.fetchval("SELECT now()")
+    born, paused = now - timedelta(days=days), now - timedelta(days=days - 1)
+    spec = Spec(
+        every(1),
+        timeout=0.5,
+        retries=0,
+        catch_up=True,
+        overdue_grace=1.0,
+        failure_threshold=1,
+        enabled=True,
+    )
+    await conn.execute(
+        "INSERT INTO ticklock.jobs (namespace, job_id, spec, paused_at) "
+        "VALUES ('default', $1, $2::jsonb, $3)",
+        job_id,
+        json.dumps(to_json(spec)),
+        paused,
+    )
+    await conn.execute(
+        "INSERT INTO ticklock.audit (namespace, job_id, at, action, who, changed) "
+        "VALUES ('default', $1, $2, 'pause', 'ops', true)",
+        job_id,
+        paused,
+    )
+    ran = paused - timedelta(seconds=1)
+    await conn.execute(
+        "INSERT INTO ticklock.runs (namespace, job_id, slot, started_at, finished_at, outcome, "
+        "owner) VALUES ('default', $1, $2, $2, $2, 'success', 'old')",
+        job_id,
+        ran,
+    )
+    await conn.execute(
+        "INSERT INTO ticklock.presence (namespace, owner, started_at, since, until, jobs, "
+        "disabled) VALUES ('default', $1, $2, $2, $3, $4, '{}')",
+        f"old-{job_id}",
+        born,
+        now,
+        [job_id],
+    )
+    return now
+
+
+async def test_a_days_ledger_on_postgres_costs_a_day_however_old_the_records(
+    server: TempPostgres,
+) -> None:
+    # records kept for a year (a longer retention than the default): a replica live all
+    # along, the job paused 364 days ago; the day's ledger is the same as on two days' records
+    conn = await asyncpg.connect(server.dsn)
+    try:
+        await migrate(conn, "ticklock")
+        fleet = PostgresFleet(from_connection(conn), schema="ticklock", namespace="default")
+        ledgers: list[list[tuple[timedelta, Fate, str | None]]] = []
+        steps: list[int] = []
+        for job_id, age in (("year", 365), ("days", 2)):
+            now = await _aged(conn, job_id, age)
+            with walking() as walk:
+                ledger = await fleet.slots(job_id, now - timedelta(days=1), now)
+            ledgers.append([(s.slot - now, s.fate, s.reason) for s in ledger])
+            steps.append(walk.steps)
+    finally:
+        await conn.close()
+    year, days = ledgers
+    assert len(year) == 1000 and [s[:2] for s in year] == [s[:2] for s in days]
+    assert year[0][1] is Fate.SKIPPED and "paused by ops" in (year[0][2] or "")
+    assert steps[0] <= 10_000 and steps[1] <= 10_000, steps  # the day's slots, not the year's
+
+
+async def test_slots_says_a_run_was_late_and_gives_the_runs_reports(server: TempPostgres) -> None:
+    # a resume after a pause on real PostgreSQL: the slot due while paused runs late, and
+    # `ticklock slots` lists it with why; --json carries its lateness and each run's report
+    env = {**os.environ, "TICKLOCK_DSN": server.dsn}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ticklock", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    start = datetime.now(timezone.utc) - timedelta(seconds=1)
+    scheduler = Scheduler(server.dsn, owner="a")
+
+    @scheduler.job(every(1), id="paused", timeout=0.5)  # overdue_grace: 1 s
+    async def paused(ctx: JobContext) -> dict[str, int]:
+        return {"n": 1}
+
+    @scheduler.job(every(1), id="wordy", timeout=0.5)
+    async def wordy(ctx: JobContext) -> dict[str, str]:
+        return {"text": "x" * 1000}
+
+    with run_log() as log:
+
+        async def ran(job_id: str, n: int) -> bool:
+            return log.outcomes(job_id).count("success") >= n
+
+        async with scheduler:
+            await eventually(lambda: ran("paused", 2), 10, "runs before the pause")
+            await scheduler.fleet.pause("paused", "INC-5", who="ops")
+            await anyio.sleep(3)
+            before = log.outcomes("paused").count("success")
+            await scheduler.fleet.resume("paused", who="ops")
+            await eventually(lambda: ran("paused", before + 1), 10, "the run after the resume")
+            await eventually(lambda: ran("wordy", 1), 10, "a wordy run")
+    since = start.isoformat()
+
+    shown = await anyio.to_thread.run_sync(cli, "slots", "paused", "--since", since, "--json")
+    assert shown.returncode == 0, shown.stderr
+    slots: list[dict[str, Any]] = json.loads(shown.stdout)["slots"]
+    ran_slots = [s for s in slots if s["fate"] == "ran"]
+    assert all(s["run"]["report"] == {"n": 1} for s in ran_slots), ran_slots
+    [late] = [s for s in ran_slots if s["reason"] is not None]
+    assert late["lateness"] > 1 and "paused by ops at" in late["reason"], late
+    assert "INC-5" in late["reason"]
+    assert all(0 <= s["lateness"] < 1 for s in ran_slots if s is not late)
+    assert all(s["lateness"] is None for s in slots if s["run"] is None)
+
+    text = await anyio.to_thread.run_sync(cli, "slots", "paused", "--since", since)
+    assert text.returncode == 0, text.stderr
+    [row] = [line for line in text.stdout.splitlines() if line.startswith(late["slot"][:19])]
+    assert " ran " in row and "paused by ops at" in row and "INC-5" in row, text.stdout
+    assert "ran (1 late)" in text.stdout.splitlines()[0], text.stdout
+
+    wordy_json = await anyio.to_thread.run_sync(cli, "slots", "wordy", "--since", since, "--json")
+    [report, *_] = [s["run"]["report"] for s in json.loads(wordy_json.stdout)["slots"] if s["run"]]
+    assert report["cut_by_ticklock"] is True and report["characters"] > 1000, report

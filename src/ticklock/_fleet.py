@@ -23,7 +23,7 @@ import socket
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 
@@ -95,9 +95,22 @@ class SlotRecord:
     slot: datetime
     fate: Fate
     reason: str | None = None
-    """Why it was covered, skipped or missed (``None`` for one that ran, failed or is pending)."""
+    """Why it was covered, skipped or missed, or why its run started late (``None`` for one
+    whose run started on time, and for one pending)."""
     run: RunRecord | None = None
     """Its run (the last attempt), or the run that covered it."""
+    lateness: timedelta | None = None
+    """From the slot to the start of its run (its first attempt), or of the run that covered
+    it; ``None`` without one."""
+
+    @property
+    def late(self) -> bool:
+        """Whether a run of its own started later than the job's ``overdue_grace`` after it
+        (beyond its jitter): its ``reason`` says why."""
+        return self.fate in _RUN_FATES and self.reason is not None
+
+
+_RUN_FATES = frozenset({Fate.RAN, Fate.FAILED, Fate.TIMED_OUT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +308,7 @@ def slot_json(slot: SlotRecord, job_id: str) -> dict[str, Any]:
         "slot": iso(slot.slot),
         "fate": slot.fate.value,
         "reason": slot.reason,
+        "lateness": None if slot.lateness is None else slot.lateness.total_seconds(),
         "run": None if slot.run is None else run_json(slot.run),
     }
 

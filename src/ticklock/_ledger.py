@@ -10,6 +10,8 @@ they reconnected. :func:`account` is a pure function of those.
 A slot's fate, first match wins:
 
 - a run of the slot: ``ran`` if one succeeded, else ``timed out`` or ``failed`` by the last;
+  a first attempt that started more than the job's ``overdue_grace`` (and its jitter) after
+  the slot ran late, and carries the reason a miss would have;
 - no run of its own, a later success covered it (``catch_up=True``, or a run an operator
   asked for, or an ``every`` run that started after it): ``covered``, naming the run;
 - due too recently for its run to have ended (slot + timeout + grace): ``pending``;
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -43,8 +47,40 @@ STEPS = 200_000
 """The most schedule steps one ledger walks: a window is bounded by its cost too."""
 LIVE_SLACK = timedelta(seconds=20)
 """A replica counts as live this long after its last recorded beat (it beats every 15 s)."""
+TEXT = 500
+"""The characters of a run's report and error that a ledger gives: a longer one is cut, with a
+marker, as the dashboard's pages cut them (``Fleet.history(max_text=)``)."""
 TOLERANCE = timedelta(seconds=1)
 """Instants closer than this are the same (an ``every`` slot against a run's end)."""
+
+
+@dataclass(slots=True)
+class Walk:
+    """The schedule steps the ledgers computed under :func:`walking` took (its tests' measure
+    of a ledger's work: it follows the window, not the age of the records)."""
+
+    steps: int = 0
+
+
+_WALK: ContextVar[Walk | None] = ContextVar("ticklock_ledger_walk", default=None)
+
+
+@contextmanager
+def walking() -> Iterator[Walk]:
+    """Count the schedule steps of the ledgers computed in this context (and the worker
+    threads it starts)."""
+    walk = Walk()
+    token = _WALK.set(walk)
+    try:
+        yield walk
+    finally:
+        _WALK.reset(token)
+
+
+def _walked(steps: int) -> None:
+    walk = _WALK.get()
+    if walk is not None:
+        walk.steps += steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +151,18 @@ def account(
     facts = _Facts(spec, records, runs, now)
     jitter = timedelta(seconds=spec.trigger.jitter)
     grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + jitter + TOLERANCE
+    on_time = timedelta(seconds=spec.overdue_grace) + jitter
     ledger = []
     for slot in slots:
         attempts = own.get(slot)
         if attempts:
-            ledger.append(_ran(slot, attempts))
+            ledger.append(_ran(slot, attempts, on_time, facts))
             continue
         later = _covering(slot, successes, starts)
         fate, reason, explains = facts.cause(slot)
         if later is not None and (spec.catch_up or later.manual or _slot(later) < slot):
-            ledger.append(SlotRecord(slot, Fate.COVERED, reason, later))
+            lateness = later.started_at - slot
+            ledger.append(SlotRecord(slot, Fate.COVERED, reason, later, lateness))
         elif slot + grace > now:
             ledger.append(SlotRecord(slot, Fate.PENDING))
         elif later is not None:  # passed over by catch_up=False
@@ -189,6 +227,7 @@ def _fires(trigger: Cron, since: datetime, until: datetime) -> list[datetime]:
     fires: list[datetime] = []
     at: datetime | None = since - timedelta(microseconds=1)
     while len(fires) < STEPS:
+        _walked(1)
         at = trigger.next_fire(at) if at is not None else None
         if at is None or at > until:
             break
@@ -208,8 +247,14 @@ def _every(
     slots: list[datetime] = []
 
     def owe(at: datetime) -> None:
+        _walked(1)
         if since <= at <= until and len(slots) < STEPS:
             slots.append(at)
+
+    def onward(at: datetime) -> datetime:
+        """``at`` moved on by whole intervals to the window's start: the slots before it
+        are not walked one by one (a job paused for months)."""
+        return at + interval * -((at - since) // interval) if at < since else at
 
     ended = [r.finished_at for r in runs if _slot(r) < since]
     if ended:
@@ -226,6 +271,7 @@ def _every(
         if slot == last:  # a retry of the slot: the interval counts from its end
             due = max(due, run.finished_at + interval)
             continue
+        due = onward(due)
         while due < slot - slack and due <= until and len(slots) < STEPS:
             owe(due)
             due += interval
@@ -241,19 +287,26 @@ def _every(
             owe(at)
             at += interval
         last, due = slot, run.finished_at + interval
+    due = onward(due)
     while due <= until and len(slots) < STEPS:
         owe(due)
         due += interval
     return slots
 
 
-def _ran(slot: datetime, attempts: list[RunRecord]) -> SlotRecord:
+def _ran(
+    slot: datetime, attempts: list[RunRecord], on_time: timedelta, facts: _Facts
+) -> SlotRecord:
+    """A slot with runs of its own: its fate by them; its lateness by the first, and why,
+    when that started later than ``on_time`` after the slot."""
+    lateness = min(r.started_at for r in attempts) - slot
+    reason = facts.cause(slot)[1] if lateness > on_time else None
     for run in attempts:
         if run.outcome == "success":
-            return SlotRecord(slot, Fate.RAN, None, run)
+            return SlotRecord(slot, Fate.RAN, reason, run, lateness)
     last = max(attempts, key=lambda r: r.finished_at)
     fate = Fate.TIMED_OUT if last.outcome == "timeout" else Fate.FAILED
-    return SlotRecord(slot, fate, None, last)
+    return SlotRecord(slot, fate, reason, last, lateness)
 
 
 def _covering(

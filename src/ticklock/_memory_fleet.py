@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol
 
 import anyio
@@ -26,7 +26,7 @@ from ._fleet import (
     state_of,
 )
 from ._job import Job, JobHealth, Outcome, RunResult
-from ._ledger import LIMIT, Span, account
+from ._ledger import LIMIT, TEXT, Span, account
 from ._ledger import Records as LedgerRecords
 from ._sharing import Member, owner_of
 
@@ -229,10 +229,13 @@ class MemoryFleet:
         ]
         kept = db.history.get(job_id, deque())
         full = kept.maxlen is not None and len(kept) >= kept.maxlen
+        reach = since - timedelta(minutes=1)  # as PostgreSQL reads them: those of the window
         records = LedgerRecords(
-            runs=[_record(run, None) for run in kept],
+            runs=[_record(run, TEXT) for run in kept],
             actions=[a for a in db.actions if a.job_id == job_id],
-            presence=presence,
+            presence=[
+                p for p in presence if (p.until is None or p.until >= reach) and p.since <= until
+            ],
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
             horizon=db.since,
             declared_since=min((p.since for p in presence), default=None),

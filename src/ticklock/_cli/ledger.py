@@ -6,12 +6,11 @@ import argparse
 import re
 from datetime import datetime, timedelta, timezone
 
-from .._fleet import Fate, json_text, slots_json
+from .._fleet import Fate, SlotRecord, json_text, slots_json
 from .errors import EXIT_OK, CommandError
 from .fleet import one_line, open_fleet, refused, when
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_SHOWN = (Fate.RAN,)  # hidden unless --all: the slots nobody asks about
 
 
 def instant(text: str, now: datetime, option: str) -> datetime:
@@ -51,21 +50,47 @@ async def slots(args: argparse.Namespace) -> int:
         print(json_text(slots_json(args.job, since, until, ledger), indent=2))
         return EXIT_OK
     counts: dict[Fate, int] = {}
+    late: dict[Fate, int] = {}
     for slot in ledger:
         counts[slot.fate] = counts.get(slot.fate, 0) + 1
-    summary = ", ".join(f"{n} {fate.value}" for fate, n in counts.items()) or "none"
+        late[slot.fate] = late.get(slot.fate, 0) + slot.late
+    summary = (
+        ", ".join(
+            f"{n} {fate.value}" + (f" ({late[fate]} late)" if late[fate] else "")
+            for fate, n in counts.items()
+        )
+        or "none"
+    )
     print(f"slots of {args.job!r} from {when(since)} to {when(until)}: {summary}")
-    shown = [s for s in ledger if args.all or s.fate not in _SHOWN]
+    # hidden unless --all: the slots that ran as due, the ones nobody asks about
+    shown = [s for s in ledger if args.all or s.fate is not Fate.RAN or s.late]
     if not shown:
         print("(every slot ran; --all lists them)" if ledger else "(no slot was owed)")
         return EXIT_OK
-    print(f"{'slot':<25}  {'fate':<9}  {'run':<25}  {'owner':<20}  why")
+    print(f"{'slot':<25}  {'fate':<9}  {'run':<25}  {'late':>8}  {'owner':<20}  why")
     for slot in shown:
         run = slot.run
-        why = slot.reason or (run.error if run is not None else None)
+        error = run.error if run is not None and run.slot == slot.slot else None
+        why = "; ".join(text for text in (slot.reason, error) if text)
         print(
             f"{when(slot.slot):<25}  {slot.fate.value:<9}  "
-            f"{when(run.started_at) if run else '-':<25}  {run.owner if run else '-':<20}  "
-            f"{one_line(why, 100)}"
+            f"{when(run.started_at) if run else '-':<25}  {_late(slot):>8}  "
+            f"{run.owner if run else '-':<20}  {one_line(why, 100)}"
         )
     return EXIT_OK
+
+
+def _late(slot: SlotRecord) -> str:
+    """How long after the slot its run started: ``0.2 s``, ``89 s``, ``26 min``, ``2 h 5 min``."""
+    if slot.lateness is None:
+        return "-"
+    seconds = slot.lateness.total_seconds()
+    if abs(seconds) < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    if hours == 0:
+        return f"{minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if days else f"{hours} h {minutes} min"

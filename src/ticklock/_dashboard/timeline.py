@@ -43,7 +43,8 @@ ORDER = (
 )
 """Fates in the order the legend counts them: those an operator looks into first."""
 NOTABLE = frozenset({Fate.MISSED, Fate.FAILED, Fate.TIMED_OUT, Fate.SKIPPED, Fate.COVERED})
-"""Fates of slots that did not run as due: listed above the table of every slot."""
+"""Fates of slots that did not run as due: listed above the table of every slot, with the
+slots whose run started late."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,8 @@ class Timeline:
     cut: bool
     """The window held more than :data:`MAX_SLOTS` slots: the oldest are not shown."""
     notable: tuple[Row, ...]
-    """The rows of the slots that did not run as due (:data:`NOTABLE`), newest first."""
+    """The rows of the slots that did not run as due (:data:`NOTABLE`, and those whose run
+    started late), newest first."""
 
 
 def css(fate: Fate) -> str:
@@ -145,7 +147,7 @@ def slot_timeline(
         since,
         until,
         cut,
-        tuple(row for row in rows if row.slot.fate in NOTABLE),
+        tuple(row for row in rows if row.slot.fate in NOTABLE or row.slot.late),
     )
 
 
@@ -190,7 +192,8 @@ def _late(slot: SlotRecord) -> str:
     run = slot.run
     if run is None or run.slot != slot.slot:
         return ""
-    return seconds_label(max((run.started_at - slot.slot).total_seconds(), 0.0))
+    late = slot.lateness if slot.lateness is not None else run.started_at - slot.slot
+    return seconds_label(max(late.total_seconds(), 0.0))
 
 
 def _stamp(when: datetime | None) -> str:

@@ -1,8 +1,9 @@
 """The ledger's records of one job, read from ticklock's tables (see :mod:`ticklock._ledger`).
 
-The runs in the window (and the last one before it, and the first success after it), the
-replicas' presence, the outages they recorded, and the job's pauses from the audit log: a few
-indexed reads on one connection, however long the window.
+The runs in the window (and the last one before it, and the first success after it), each
+with its report and error cut to :data:`~ticklock._ledger.TEXT` characters; the replicas'
+presence, the outages they recorded, and the job's pauses from the audit log: a few indexed
+reads on one connection, however long the window.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .. import _spec
+from .._caps import HEAD, MARKER_KEY, MARKER_MAX, cut_text, report_marker
 from .._fleet import Action, RunRecord, SlotRecord
-from .._ledger import LIMIT, Records, Span, account
+from .._ledger import LIMIT, TEXT, Records, Span, account
 from .schema import quote
 
 if TYPE_CHECKING:
     import asyncpg
 
-SLOT_ERROR = 500
-"""The characters of a run's error that a ledger reads (its reports are not read)."""
 ACTIONS = 1000
 """The most pauses and resumes of a job that a ledger reads (the latest)."""
 
@@ -34,11 +34,19 @@ class LedgerReader:
         s = quote(schema)
         self.namespace = namespace
         where = "WHERE namespace = $1 AND job_id = $2"
+        # a run's report and error as the history gives them with max_text=TEXT: a longer
+        # report as its marker (a marker as it is), a longer error's start and its length;
+        # OFFSET 0 keeps the report's text one value per row, not one per use
         columns = (
             "job_id, slot, started_at, finished_at, outcome, owner, "
-            f"left(error, {SLOT_ERROR}) AS error, manual, batches, capped"
+            f"CASE WHEN length(r.t) <= {TEXT} OR (length(r.t) <= {MARKER_MAX} "
+            f"AND jsonb_typeof(report) = 'object' AND report ? '{MARKER_KEY}') THEN r.t END "
+            f"AS report, length(r.t) AS report_length, left(r.t, {HEAD}) AS report_head, "
+            f"left(error, {TEXT}) AS error, length(error) AS error_length, "
+            "manual, batches, capped"
         )
-        runs = f"SELECT {columns} FROM {s}.runs {where}"
+        text = "LATERAL (SELECT report::text AS t OFFSET 0) AS r"
+        runs = f"SELECT {columns} FROM {s}.runs, {text} {where}"
         # $3, $4: the window; $5: how many of its runs (the latest)
         self._runs = f"""
 (SELECT *, true AS inside FROM ({runs} AND finished_at >= $3 AND slot <= $4
@@ -116,6 +124,12 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
 
 
 def _run(row: asyncpg.Record) -> RunRecord:
+    report: Any = None
+    if row["report"] is not None:
+        report = json.loads(row["report"])
+    elif row["report_length"] is not None:  # over the bound: its marker
+        report = report_marker(row["report_head"], row["report_length"])
+    error: str | None = row["error"]
     return RunRecord(
         job_id=row["job_id"],
         slot=row["slot"],
@@ -123,8 +137,8 @@ def _run(row: asyncpg.Record) -> RunRecord:
         finished_at=row["finished_at"],
         outcome=row["outcome"],
         owner=row["owner"],
-        report=None,
-        error=row["error"],
+        report=report,
+        error=None if error is None else cut_text(error, row["error_length"], TEXT),
         manual=row["manual"],
         batches=row["batches"],
         capped=row["capped"],
