@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from helpers import at, eventually, run_log
-from ticklock import JobContext, Scheduler, cron, every
+from ticklock import JobContext, Outcome, Scheduler, cron, every
 from ticklock._fleet import JobState
 from ticklock.testing import ManualClock, MemoryDatabase
 
@@ -202,3 +202,37 @@ async def test_status_fail_on_overdue_passes_a_failed_run_and_fails_once_the_job
     await anyio.sleep(max(0.0, left) + 0.2)
     code, out = await status(pg_dsn, pg_schema, "--fail-on", "overdue")
     assert code == 1 and "OVERDUE" in line(out, "purge"), out
+
+
+@pytest.mark.postgres
+async def test_the_instant_status_reads_follows_a_failed_run_and_a_changed_schedule(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # the instant is stored with every finished run, and a replica that starts with another
+    # schedule moves it from the job's last end: a failure's too
+    start = at("2020-01-01T00:00:00Z")
+    clock = ManualClock(start)
+
+    async def tidy(ctx: JobContext) -> None:
+        raise RuntimeError("it fails")
+
+    def build(period: float) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
+        scheduler.add(
+            tidy, every(period, initial_delay=3600), id="tidy", timeout=5, overdue_grace=1
+        )
+        return scheduler
+
+    async def stored() -> Any:
+        return await pg_conn.fetchval(
+            f"SELECT overdue_at FROM {pg_schema}.jobs WHERE job_id = 'tidy'"
+        )
+
+    hourly = build(3600)
+    async with hourly:
+        await clock.advance(600)
+        assert (await hourly.run_now("tidy")).outcome is Outcome.FAILURE  # at 00:10:00
+    assert await stored() == at("2020-01-01T01:10:06Z")  # + 1 h + timeout + grace
+    async with build(86400):  # deployed as a daily job; it does not run here
+        pass
+    assert await stored() == at("2020-01-02T00:10:06Z")
