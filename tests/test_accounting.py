@@ -26,8 +26,9 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
     [
         # one failure of a 60 s job: FAILING at once (default threshold 1), not yet overdue
         (1, "F", 1, JobState.FAILING, True, False),
-        # the absence alarm comes later: due at 60, + timeout 30 + grace 6 = 96 s
-        (1, "F", 97, JobState.OVERDUE, True, True),
+        # past its due instant + timeout 30 + grace 6 = 96 s, its runs go on failing: FAILING,
+        # never OVERDUE (the absence alarm is for runs that do not finish)
+        (1, "F", 97, JobState.FAILING, True, False),
         (3, "F", 1, JobState.OK, False, False),  # under its threshold: not failing
         (3, "FFF", 1, JobState.FAILING, True, False),
         (1, "FS", 1, JobState.OK, False, False),  # a success ends it

@@ -369,7 +369,7 @@ FAILED_SLOTS = {
     END - timedelta(minutes=1),
 }
 FEED_BROKEN = START + timedelta(hours=22)
-"""From here on every run of FEED fails: by END it is overdue."""
+"""From here on every run of FEED fails: by END it is failing (its runs finish: not overdue)."""
 
 
 def declare(scheduler: Scheduler) -> None:
@@ -445,11 +445,11 @@ async def test_a_browser_reads_the_summary_and_the_timeline_and_pauses_a_job_wit
         assert await web.resume(FEED, "INC-41: limits lifted", who="alice@ops")
         await clock.advance(END - clock.now())
         async with served(web.dashboard(actions=True)) as base, browser_page() as (page, problems):
-            # the summary: failing and overdue first, counted; both replicas live
+            # the summary: failing first, counted; both replicas live
             await page.set_viewport_size({"width": 1440, "height": 900})
             await page.goto(base + "/")
             counts = await page.locator("ul.counts li").all_inner_texts()
-            assert counts == ["4 jobs", "FAILING 1", "OVERDUE 1", "OK 2", "2 live replicas"]
+            assert counts == ["4 jobs", "FAILING 2", "OK 2", "2 live replicas"]
             assert await page.locator(".banner").count() == 0
             ids = await page.locator("table.jobs tbody td.id a").all_inner_texts()
             assert ids == [BILLING, FEED, RARE, STEADY]
@@ -489,7 +489,7 @@ async def test_a_browser_reads_the_summary_and_the_timeline_and_pauses_a_job_wit
             assert await target.is_visible()
             assert (await target.inner_text()).split("\t")[:2] == ["2026-12-01T05:00:00Z", "failed"]
 
-            # a job paused for an hour by someone else, and overdue since: its catch-up run
+            # a job paused for an hour by someone else (failing since 22:00): its catch-up run
             # at the resume served the first slot late and covered the next one
             await page.goto(f"{base}/jobs/{quote(FEED, safe='')}")
             reason = (

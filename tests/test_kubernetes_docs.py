@@ -32,13 +32,23 @@ def get(url: str) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
-# a job that fails at every run, declared by the test after the page's code: its absence of
-# success turns /jobz red, while /livez stays green
+# declared by the test after the page's code: a job that fails at every run, which never turns
+# /jobz red (it is failing, not absent), and one whose run is deaf to its timeout for a while,
+# so that no run of it finishes: that absence turns /jobz red, while /livez stays green
 BROKEN = """
+
+import anyio
+
 
 @scheduler.job(every(seconds=1), timeout=0.5, id="broken")
 async def broken(ctx: JobContext) -> None:
     raise RuntimeError("broken on purpose")
+
+
+@scheduler.job(every(seconds=1), timeout=0.5, id="stuck")
+async def stuck(ctx: JobContext) -> None:
+    with anyio.CancelScope(shield=True):
+        await anyio.sleep(6)
 """
 
 
@@ -64,9 +74,10 @@ def test_the_probes_answer_as_the_page_says_under_uvicorn(tmp_path: Path) -> Non
 
         until(serving, "uvicorn serving /livez", within=30)
         assert get(base + "/jobz") == (200, {"overdue": []})
-        # broken: every(1), timeout 0.5 s, grace 1 s: overdue 2.5 s after start
-        until(lambda: get(base + "/jobz")[0] == 503, "/jobz turning 503", within=15)
-        assert get(base + "/jobz") == (503, {"overdue": ["broken"]})
+        # stuck: every(1), timeout 0.5 s, grace 1 s, its first run still going: overdue 2.5 s
+        # after start; broken, whose runs fail every second meanwhile, is not
+        red = (503, {"overdue": ["stuck"]})
+        until(lambda: get(base + "/jobz") == red, "/jobz turning 503", within=15)
         assert get(base + "/livez") == (200, {"ok": True})  # liveness ignores the jobs
         out = replica.stop()
     assert "outcome=failure" in out and "run heartbeat" in out, out

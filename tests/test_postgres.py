@@ -357,8 +357,9 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
             # run may have succeeded, so not overdue
             await clock.advance(12)
             assert not overdue()
-            # the other replica's run ended without a success; this replica's retry, a period
-            # after it found the lock held, reads that, runs the slot and fails: overdue at once
+            # the other replica's run ended without a record; this replica's retry, a period
+            # after it found the lock held, reads that, runs the slot and fails: failing, and
+            # not overdue (its run finished)
             await pg_conn.execute("SELECT pg_advisory_unlock($1)", key)
             await clock.advance(88)
 
@@ -366,7 +367,8 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
                 return "failure" in log.outcomes("shared")
 
             await eventually(failed, 10, "the retry to run and fail")
-            assert overdue()
+            assert not overdue()
+            assert {h.job_id: h for h in scheduler.health()}["shared"].failing
     assert runs == ["00:00:00", "00:01:40"]
 
 

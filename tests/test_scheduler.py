@@ -159,7 +159,7 @@ async def test_a_failing_a_hanging_and_a_garbage_job_do_not_disturb_the_others()
     assert health["healthy"].consecutive_failures == 0
 
 
-async def test_health_flags_a_job_overdue_once_its_success_is_late() -> None:
+async def test_health_flags_a_job_overdue_once_its_run_is_late_not_when_it_fails() -> None:
     clock = ManualClock(T0)
     scheduler = Scheduler(clock=clock)
     fail = False
@@ -174,11 +174,15 @@ async def test_health_flags_a_job_overdue_once_its_success_is_late() -> None:
         (h,) = scheduler.health()
         assert h.last_success == T0 and not h.overdue
         fail = True
-        await clock.advance(60 + 10 + 5 - 1)  # 1 s before the limit: due 60 + timeout + grace
-        assert not scheduler.health()[0].overdue
-        await clock.advance(1.5)
+        await clock.advance(60 + 10 + 5 - 1)  # the run at 60 failed
+        await clock.advance(1.5)  # past the last success's due + timeout + grace
         (h,) = scheduler.health()
-        assert h.overdue and h.consecutive_failures == 1
+        # that run finished: the job is failing, and the absence clock runs from its end
+        assert h.failing and not h.overdue and h.consecutive_failures == 1
+        ended = T0 + timedelta(seconds=60)
+        limit = ended + timedelta(seconds=60 + 10 + 5)  # its next due + timeout + grace
+        assert scheduler.health(now=limit)[0].overdue is False
+        assert scheduler.health(now=limit + timedelta(seconds=0.5))[0].overdue is True
         assert scheduler.health(now=T0 + timedelta(seconds=30))[0].overdue is False
 
 

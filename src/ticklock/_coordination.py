@@ -177,9 +177,9 @@ class Coordinator(Protocol):
         ...
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        """Register ``jobs`` (overdue from ``now`` until their first success, and from their
-        last success on the schedule declared now) and return the fleet state of every job
-        of the namespace."""
+        """Register ``jobs`` (overdue from ``now`` until their first finished run, and from
+        their last finished run on the schedule declared now) and return the fleet state of
+        every job of the namespace."""
         ...
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:

@@ -351,8 +351,8 @@ class Cycle(Entry):
         state = self.state = replace(old, paused_at=paused_at, trigger_at=trigger_at)
         if was is not None and paused_at is None:  # resumed: the pause is not overdue
             base, paused, _ = self.credit
-            if base != state.last_success_at:
-                base, paused = state.last_success_at, 0.0
+            if base != state.last_end:
+                base, paused = state.last_end, 0.0
             self.credit = (base, paused + max(0.0, (now - was).total_seconds()), now)
         if self.running:
             # the run's end plans from the state it read under the lock, which may be older

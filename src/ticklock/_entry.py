@@ -55,8 +55,8 @@ class Entry(Timer):
         self.held_at: datetime | None = None
         self.manual = False  # the next run serves a trigger request (its slot)
         self.steered = False  # operators changed its pause or trigger while it ran
-        # (last success, seconds paused since, when last resumed): the time a job was paused
-        # is not overdue, and its slots are not missed
+        # (the last finished run's end, seconds paused since, when last resumed): the time a
+        # job was paused is not overdue, and its slots are not missed
         self.credit: tuple[datetime | None, float, datetime | None] = NO_CREDIT
         self.ahead: tuple[str, ...] = ()  # the replicas ranked before this one (see _sharing)
         self.observer = False  # declared otherwise than the ruling declaration: never attempts

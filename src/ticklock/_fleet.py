@@ -39,7 +39,8 @@ class JobState(str, enum.Enum):
     FUTURE = "future"
     """Its watermark lies in the database's future (a replica's clock ran ahead)."""
     OVERDUE = "overdue"
-    """No success since its first fire after the last one, plus timeout and grace."""
+    """The absence alarm: no run finished since its first fire after the last run that
+    finished (of any outcome), plus timeout and grace. Failures never make a job overdue."""
     FAILING = "failing"
     """Its last runs failed (``failure_threshold`` in a row, default 1); it still runs."""
     OK = "ok"

@@ -159,15 +159,19 @@ class JobHealth:
     next_fire: datetime | None
     consecutive_failures: int
     overdue: bool
-    """A success was due by (first fire after the last success, or after start) + timeout +
-    overdue grace, and has not come. A replica that last found the job running on another
-    replica presumes that run succeeded until its next attempt reads the outcome. Never true
-    for a paused job; the time a job spent paused does not count."""
+    """The absence alarm: a run was due to finish by (the first fire after the last run that
+    finished, of any outcome, or after start) + timeout + overdue grace, and none has. A run
+    that fails or times out finished: it makes the job :attr:`failing`, never overdue. A tick
+    that never reached the handler (the database unreachable, a clock ahead) finished no run.
+    A replica that last found the job running on another replica presumes that run ended
+    until its next look or attempt reads it. Never true for a paused, disabled or ended job;
+    the time a job spent paused does not count."""
     paused: bool = False
     """Paused by an operator (:meth:`~ticklock.Scheduler.pause`): no scheduled run starts."""
     failing: bool = False
     """Its last ``failure_threshold`` runs (or more) failed: :attr:`consecutive_failures`
-    reached the job's threshold. Apart from ``overdue``, which is the absence alarm."""
+    reached the job's threshold. Apart from ``overdue``, the absence alarm, which failures
+    never raise."""
     problem: str | None = None
     """Why no run can start now (PostgreSQL mode): the database is down, or refuses this
     scheduler (not accepting connections, a missing database, role or grant), with the
@@ -187,7 +191,7 @@ class JobOptions(TypedDict, total=False):
     catch_up: bool
     """Cover the slots missed while no replica ran with one run at start (default ``True``)."""
     overdue_grace: Duration | None
-    """Slack before a missing success is overdue (default: 10 % of the period, 1 s to 5 min)."""
+    """Slack before a missing run is overdue (default: 10 % of the period, 1 s to 5 min)."""
     retries: int
     """How many times a failed slot runs again, never past the next slot (default 0)."""
     retry_backoff: Duration

@@ -211,8 +211,10 @@ def stale(job: Job, state: FleetState, slot: datetime, attempt: int = 1) -> bool
 
 
 def overdue_at(job: Job, base: datetime) -> datetime | None:
-    """When ``job`` is overdue if no success comes after ``base`` (its last success or start):
-    the first fire due after it, plus the jitter, the timeout and the overdue grace."""
+    """When ``job`` is overdue if no run finishes after ``base`` (the end of its last finished
+    run of any outcome, or its start): the first fire due after it, plus the jitter, the
+    timeout and the overdue grace. The absence alarm's one judge: ``health()`` compares it
+    with now, and PostgreSQL stores it with every finished run for ``ticklock status``."""
     due = after(job.trigger, base)
     if due is None:
         return None

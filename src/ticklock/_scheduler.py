@@ -206,9 +206,10 @@ class Scheduler:
         :param catch_up: ``True``: slots missed while no replica ran are covered by one run at
             start, which sees the window through ``ctx.previous_success``. ``False``: they are
             skipped.
-        :param overdue_grace: Slack after a success was due before :meth:`health` and
-            ``ticklock status`` call the job overdue. Default: 10 % of the period, between 1 s
-            and 5 minutes.
+        :param overdue_grace: Slack after a run was due (the first fire after the last run
+            that finished, whatever its outcome) plus the timeout before :meth:`health` and
+            ``ticklock status`` call the job overdue: it stopped running. Default: 10 % of the
+            period, between 1 s and 5 minutes.
         :param retries: How many times a failed slot (``failure``, ``timeout``, ``error``) runs
             again, never past the next slot.
         :param retry_backoff: Seconds before the first retry, doubling for each one; shorter
@@ -414,7 +415,8 @@ class Scheduler:
         )
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
-        """One :class:`JobHealth` per job; ``overdue`` is the absence alarm."""
+        """One :class:`JobHealth` per job; ``overdue`` is the absence alarm (no run finished
+        when one was due), ``failing`` says that its runs fail."""
         clock_now = self._clock.now()
         problem = self._crew.coordinator.problem
         return [

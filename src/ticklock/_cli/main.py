@@ -128,8 +128,9 @@ def _parser() -> argparse.ArgumentParser:
         "--fail-on",
         default="overdue,failing",
         metavar="STATES",
-        help="the states that make it exit 1, comma-separated: overdue (the absence alarm; a "
-        "watermark in the future counts), failing (default: overdue,failing)",
+        help="the states that make it exit 1, comma-separated: overdue (the absence alarm: no "
+        "run finished when one was due, failures aside; a watermark in the future counts), "
+        "failing (default: overdue,failing)",
     )
     slots = commands["slots"]
     slots.add_argument(

@@ -193,26 +193,25 @@ class PostgresCoordinator:
             )
             rows = await conn.fetch(self.db.sql.load, self.namespace)
             states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}
-            # A commit stores the instant from its own schedule; a deploy that changed the
-            # schedule would leave status judging by the old one until the next success.
+            # A finished run stores the instant from its own schedule; a deploy that changed
+            # the schedule would leave status judging by the old one until the next run ends.
             moved = [
-                (row["job_id"], row["last_success_at"], due)
+                (row["job_id"], row["last_end"], due)
                 for row in rows
                 if row["job_id"] in jobs
-                and row["last_success_at"] is not None
-                and (due := overdue_at(jobs[row["job_id"]], row["last_success_at"]))
-                != row["overdue_at"]
+                and row["last_end"] is not None
+                and (due := overdue_at(jobs[row["job_id"]], row["last_end"])) != row["overdue_at"]
             ]
             if moved:
                 # Replicas that start together would update the same rows: one at a time,
-                # never in two orders (a deadlock). A row whose last success moved since it
-                # was read is left to the commit that moved it.
+                # never in two orders (a deadlock). A row whose last end moved since it was
+                # read is left to the run that moved it.
                 async with conn.transaction():
                     await conn.execute(
                         "SELECT pg_advisory_xact_lock($1)", lock_key(self.schema, _RESCHEDULE)
                     )
-                    ids, successes, dues = (list(column) for column in zip(*moved, strict=True))
-                    await conn.execute(self.db.sql.reschedule, self.namespace, ids, successes, dues)
+                    ids, ends, dues = (list(column) for column in zip(*moved, strict=True))
+                    await conn.execute(self.db.sql.reschedule, self.namespace, ids, ends, dues)
         return states
 
     async def _begin(
@@ -339,12 +338,18 @@ class PostgresCoordinator:
         """Record a run that did not commit, in its own short transaction (with ``fence``:
         a batched run's, whose hold between batches it ends if it is still its own)."""
         with self.db.shielded() as scope:
-            await self._record(result, next_due(job, result), fence)
+            await self._record(
+                result, next_due(job, result), overdue_at(job, result.finished_at), fence
+            )
         if scope.cancelled_caught:
             raise TimeoutError(f"the record did not finish within {database.CLEANUP_SECONDS:g} s")
 
     async def _record(
-        self, result: RunResult, next_due: datetime | None, fence: int | None
+        self,
+        result: RunResult,
+        next_due: datetime | None,
+        overdue: datetime | None,
+        fence: int | None,
     ) -> None:
         async with self.db.connection() as conn:
             await conn.execute(
@@ -362,4 +367,5 @@ class PostgresCoordinator:
                 self.db.anchor(),
                 fence,
                 result.batches,
+                overdue,
             )

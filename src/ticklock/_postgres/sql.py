@@ -22,7 +22,8 @@ class Statements:
     the lock), the server-side timeouts the tick set still hold, and the slot and end are not
     more than ``FUTURE_LIMIT`` seconds in the database's future (``$14``: the anchor of
     :mod:`.dbtime`); it says which check failed, and (``$13``: the handler used its
-    connection) whether SQL prepared statements are left. ``failure``'s ``$11`` is the anchor.
+    connection) whether SQL prepared statements are left. ``failure``'s ``$11`` is the anchor,
+    and ``$14`` the absence alarm's instant, from the run's end as for a success.
     """
 
     def __init__(self, schema: str) -> None:
@@ -77,8 +78,8 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
         self.reschedule = (
             f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
             "FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[]) "
-            "AS v(id, success, due) "
-            "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_success_at = v.success "
+            "AS v(id, ended, due) "
+            "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_end = v.ended "
             "AND j.overdue_at IS DISTINCT FROM v.due"
         )
         columns = (
@@ -233,11 +234,13 @@ FROM beat,
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
         consecutive_failures, failed_slot, failed_attempts, next_due, last_owner, last_error,
-        updated_at)
+        updated_at, overdue_at)
     SELECT $1, $2, $4, $6, 1, CASE WHEN $9::boolean THEN NULL ELSE $3::timestamptz END,
-        CASE WHEN $9 THEN 0 ELSE 1 END, $10, $7, $8, now() WHERE {sane}
+        CASE WHEN $9 THEN 0 ELSE 1 END, $10, $7, $8, now(), $14::timestamptz WHERE {sane}
     ON CONFLICT (namespace, job_id) DO UPDATE SET
         last_end = GREATEST(j.last_end, EXCLUDED.last_end),
+        overdue_at = CASE WHEN j.last_end > EXCLUDED.last_end THEN j.overdue_at
+            ELSE EXCLUDED.overdue_at END,
         last_outcome = EXCLUDED.last_outcome,
         consecutive_failures = j.consecutive_failures + 1,
         failed_attempts = CASE WHEN $9 THEN j.failed_attempts
