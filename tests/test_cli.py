@@ -118,6 +118,26 @@ CASES = [
         r"^ticklock: status needs --dsn or the TICKLOCK_DSN variable$",
         id="status_without_a_dsn",
     ),
+    # refused before connecting (nothing listens on port 1): `status` would print it raw
+    pytest.param(
+        [
+            "pause",
+            "nightly",
+            "--note",
+            "INC-42 \u202efixed",
+            "--dsn",
+            "postgresql://u:Zq1@127.0.0.1:1/x",
+        ],
+        r"^ticklock: --note must be one line of plain text, without control, format or "
+        r"separator characters: it has U\+202E \(RIGHT-TO-LEFT OVERRIDE\) at character 8$",
+        id="note_with_a_bidi_override",
+    ),
+    pytest.param(
+        ["trigger", "nightly", "--note", "a\u2028b", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
+        r"^ticklock: --note must be one line of plain text, without control, format or "
+        r"separator characters: it has U\+2028 \(LINE SEPARATOR\) at character 2$",
+        id="note_with_a_line_separator",
+    ),
 ]
 
 
@@ -159,8 +179,9 @@ def test_a_missing_postgres_extra_is_one_line(
         ["run", "cli_boom:scheduler"],
         ["run", "cli_plain:answer", "--log-level", "loud"],
         ["status", "--dsn", "postgresql://u:Zq1@db:0/x"],
+        ["resume", "j", "--note", "zero\u200bwidth", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
     ],
-    ids=["import_error", "bad_log_level", "bad_dsn"],
+    ids=["import_error", "bad_log_level", "bad_dsn", "note_with_a_zero_width_space"],
 )
 def test_a_real_process_exits_2_without_a_traceback(app_dir: Path, argv: list[str]) -> None:
     out = subprocess.run(
