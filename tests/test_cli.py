@@ -138,6 +138,18 @@ CASES = [
         r"separator characters: it has U\+2028 \(LINE SEPARATOR\) at character 2$",
         id="note_with_a_line_separator",
     ),
+    # a byte that is no UTF-8 in argv arrives as a surrogate: refused, not a DataError
+    pytest.param(
+        ["history", "nope\udcff", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
+        r"^ticklock: JOB must not contain unpaired surrogates \(PostgreSQL text cannot store "
+        r"them\), got 'nope\\udcff': U\+DCFF \(an unpaired surrogate\) at character 5$",
+        id="job_with_a_surrogate",
+    ),
+    pytest.param(
+        ["status", "--namespace", "\udcffns", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
+        r"^ticklock: --namespace must not contain unpaired surrogates",
+        id="namespace_with_a_surrogate",
+    ),
 ]
 
 
