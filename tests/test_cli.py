@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -454,6 +455,32 @@ def test_status_of_a_namespace_without_jobs_says_so_and_exits_1(
         f"ticklock: no jobs in namespace 'ap' (schema '{pg_schema}'): no scheduler of that "
         "namespace has started on this database; namespaces with jobs: 'app', 'billing'\n"
     )
+
+
+@pytest.mark.postgres
+def test_status_shows_hidden_characters_of_a_recorded_note_as_escapes(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
+) -> None:
+    # a note and who recorded before they were refused (or by a writer of its own): the
+    # terminal gets escapes, never a bidi override that reorders the line or an escape code
+    assert main(["migrate", "--dsn", pg_dsn, "--schema", pg_schema]) == 0
+    sql(
+        pg_dsn,
+        f"INSERT INTO {pg_schema}.jobs (namespace, job_id, paused_at) "
+        "VALUES ('default', 'nightly', '2026-12-01T03:05:00Z')",
+        f"INSERT INTO {pg_schema}.audit (namespace, job_id, at, action, who, note, changed) "
+        "VALUES ('default', 'nightly', '2026-12-01T03:05:00Z', 'pause', "
+        "E'ops\\u200b@host', E'INC-42 \\u202egnp.exe\\u2066 \\u001b[2J', true)",
+        "SELECT 1",
+    )
+    capsys.readouterr()
+    main(["status", "--dsn", pg_dsn, "--schema", pg_schema])
+    out = capsys.readouterr().out
+    assert (
+        "paused by ops\\u200b@host at 2026-12-01T03:05:00+00:00: "
+        "INC-42 \\u202egnp.exe\\u2066 \\x1b[2J"
+    ) in out
+    assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in out.replace("\n", ""))
 
 
 @pytest.mark.postgres

@@ -68,6 +68,19 @@ def hidden(text: str) -> str | None:
     return None
 
 
+def visible(text: str) -> str:
+    """``text`` with each character :func:`hidden` refuses written as its escape (``\\u202e``),
+    for a terminal: a text recorded before such characters were refused, or an error's."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        char.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if unicodedata.category(char) in _HIDDEN
+        else char
+        for char in text
+    )
+
+
 def surrogate(text: str) -> str | None:
     """The first unpaired surrogate of ``text`` (PostgreSQL cannot store one: UTF-8 has no
     encoding of it), :func:`described`; ``None`` when there is none."""

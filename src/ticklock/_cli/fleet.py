@@ -21,6 +21,7 @@ from .._fleet import (
     runs_json,
 )
 from .._postgres.fleet import PostgresFleet, from_connection
+from .._validate import visible
 from .app import label
 from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
 
@@ -66,7 +67,7 @@ def when(at: datetime | None) -> str:
 def one_line(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
-    line = " ".join(text.split())
+    line = visible(" ".join(text.split()))  # no bidi override or escape reaches the terminal
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
