@@ -74,7 +74,8 @@ def test_the_probes_answer_as_the_page_says_under_uvicorn(tmp_path: Path) -> Non
 
         until(serving, "uvicorn serving /livez", within=30)
         assert get(base + "/jobz") == (200, {"overdue": []})
-        # stuck: every(1), timeout 0.5 s, grace 1 s: overdue 2.5 s after start, for 8 s
+        # stuck: every(1), timeout 0.5 s, grace 1 s: overdue within 2.5 s of the start, until
+        # the run that cannot be cancelled ends (8 s)
         until(lambda: get(base + "/jobz")[0] == 503, "/jobz turning 503", within=15)
         assert get(base + "/jobz") == (503, {"overdue": ["stuck"]})
         assert get(base + "/livez") == (200, {"ok": True})  # liveness ignores the jobs
