@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -118,6 +119,38 @@ CASES = [
         r"^ticklock: status needs --dsn or the TICKLOCK_DSN variable$",
         id="status_without_a_dsn",
     ),
+    # refused before connecting (nothing listens on port 1): `status` would print it raw
+    pytest.param(
+        [
+            "pause",
+            "nightly",
+            "--note",
+            "INC-42 \u202efixed",
+            "--dsn",
+            "postgresql://u:Zq1@127.0.0.1:1/x",
+        ],
+        r"^ticklock: --note must be one line of plain text, without control, format or "
+        r"separator characters: it has U\+202E \(RIGHT-TO-LEFT OVERRIDE\) at character 8$",
+        id="note_with_a_bidi_override",
+    ),
+    pytest.param(
+        ["trigger", "nightly", "--note", "a\u2028b", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
+        r"^ticklock: --note must be one line of plain text, without control, format or "
+        r"separator characters: it has U\+2028 \(LINE SEPARATOR\) at character 2$",
+        id="note_with_a_line_separator",
+    ),
+    # a byte that is no UTF-8 in argv arrives as a surrogate: refused, not a DataError
+    pytest.param(
+        ["history", "nope\udcff", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
+        r"^ticklock: JOB must not contain unpaired surrogates \(PostgreSQL text cannot store "
+        r"them\), got 'nope\\udcff': U\+DCFF \(an unpaired surrogate\) at character 5$",
+        id="job_with_a_surrogate",
+    ),
+    pytest.param(
+        ["status", "--namespace", "\udcffns", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
+        r"^ticklock: --namespace must not contain unpaired surrogates",
+        id="namespace_with_a_surrogate",
+    ),
 ]
 
 
@@ -159,8 +192,9 @@ def test_a_missing_postgres_extra_is_one_line(
         ["run", "cli_boom:scheduler"],
         ["run", "cli_plain:answer", "--log-level", "loud"],
         ["status", "--dsn", "postgresql://u:Zq1@db:0/x"],
+        ["resume", "j", "--note", "zero\u200bwidth", "--dsn", "postgresql://u:Zq1@127.0.0.1:1/x"],
     ],
-    ids=["import_error", "bad_log_level", "bad_dsn"],
+    ids=["import_error", "bad_log_level", "bad_dsn", "note_with_a_zero_width_space"],
 )
 def test_a_real_process_exits_2_without_a_traceback(app_dir: Path, argv: list[str]) -> None:
     out = subprocess.run(
@@ -421,6 +455,32 @@ def test_status_of_a_namespace_without_jobs_says_so_and_exits_1(
         f"ticklock: no jobs in namespace 'ap' (schema '{pg_schema}'): no scheduler of that "
         "namespace has started on this database; namespaces with jobs: 'app', 'billing'\n"
     )
+
+
+@pytest.mark.postgres
+def test_status_shows_hidden_characters_of_a_recorded_note_as_escapes(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
+) -> None:
+    # a note and who recorded before they were refused (or by a writer of its own): the
+    # terminal gets escapes, never a bidi override that reorders the line or an escape code
+    assert main(["migrate", "--dsn", pg_dsn, "--schema", pg_schema]) == 0
+    sql(
+        pg_dsn,
+        f"INSERT INTO {pg_schema}.jobs (namespace, job_id, paused_at) "
+        "VALUES ('default', 'nightly', '2026-12-01T03:05:00Z')",
+        f"INSERT INTO {pg_schema}.audit (namespace, job_id, at, action, who, note, changed) "
+        "VALUES ('default', 'nightly', '2026-12-01T03:05:00Z', 'pause', "
+        "E'ops\\u200b@host', E'INC-42 \\u202egnp.exe\\u2066 \\u001b[2J', true)",
+        "SELECT 1",
+    )
+    capsys.readouterr()
+    main(["status", "--dsn", pg_dsn, "--schema", pg_schema])
+    out = capsys.readouterr().out
+    assert (
+        "paused by ops\\u200b@host at 2026-12-01T03:05:00+00:00: "
+        "INC-42 \\u202egnp.exe\\u2066 \\x1b[2J"
+    ) in out
+    assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in out.replace("\n", ""))
 
 
 @pytest.mark.postgres

@@ -921,6 +921,26 @@ def test_the_audit_names_the_user_the_app_authenticated_or_whom_identify_names()
     ]
 
 
+def test_the_default_who_takes_no_identity_from_a_forwarding_header() -> None:
+    # uvicorn (proxy_headers on by default) puts X-Forwarded-For of a connection from
+    # 127.0.0.1 in the request's client address: any local process could name anyone
+    fleet, trusting = sample_fleet(), sample_fleet()
+    default = create_app(fleet, actions=True)
+    told = create_app(trusting, actions=True, identify=lambda r: r.headers.get("x-forwarded-for"))
+    forged = {"X_Forwarded_For": "alice@corp (sso)"}
+    with serve(default) as base, serve(told) as other:
+        for root, sent in ((base, forged), (base, {"X_Real_IP": "10.0.0.7"}), (other, forged)):
+            cookie, token = token_of(call(root + "/jobs/late"))
+            jar = f"ticklock_csrf={cookie}"
+            url = root + "/jobs/late/trigger"
+            assert call(url, {"csrf": token}, Origin=root, Cookie=jar, **sent).status == 303
+        hidden = call(url, {"csrf": token, "note": "ok \u202edone"}, Origin=other, Cookie=jar)
+    assert [a.who for a in fleet.audited] == ["dashboard (via a proxy)"] * 2
+    assert [a.who for a in trusting.audited] == ["alice@corp (sso)"]  # identify= said so
+    assert hidden.status == 400 and "U+202E (RIGHT-TO-LEFT OVERRIDE)" in hidden.body
+    assert len(trusting.audited) == 1
+
+
 async def asgi(
     app: ASGIApp, path: str, form: dict[str, str] | None = None, **headers: str
 ) -> Answer:

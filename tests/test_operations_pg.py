@@ -105,3 +105,33 @@ async def test_each_job_declared_otherwise_lists_its_own_replicas(
         jobs = {job.job_id: job.declared_otherwise for job in await scheduler.fleet.jobs()}
     assert jobs["j1"] == jobs["j2"] == ("here",)
     assert jobs["j3"] == ()  # declared by this replica alone: its declaration rules
+
+
+async def test_an_id_with_an_unpaired_surrogate_is_an_unknown_job_on_both_backends(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # no job can have one (declaring it is refused): PostgreSQL answers as memory does, with
+    # the unknown job's KeyError, not a driver's DataError
+    bad = "nightly\udcff"
+    since = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    for scheduler in (Scheduler(pg_dsn, schema=pg_schema), Scheduler()):
+
+        @scheduler.job(every(60), id="nightly")
+        async def nightly(ctx: JobContext) -> None:
+            pass
+
+        async with scheduler:
+            fleet = scheduler.fleet
+            with pytest.raises(KeyError, match="nightly"):
+                await fleet.pause(bad)
+            with pytest.raises(KeyError, match="nightly"):
+                await fleet.resume(bad)
+            with pytest.raises(KeyError, match="nightly"):
+                await fleet.trigger(bad)
+            with pytest.raises(KeyError, match="nightly"):
+                await fleet.forget(bad)
+            with pytest.raises(KeyError, match="nightly"):
+                await fleet.history(bad)
+            with pytest.raises(KeyError, match="nightly"):
+                await fleet.slots(bad, since, datetime.now(timezone.utc))
+            assert await fleet.audit(bad) == []

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import timedelta
 
 import pytest
 
 from ticklock import JobContext, ScheduleError, Scheduler, cron, every
+from ticklock._fleet import checked
 
 
 async def handler(ctx: JobContext) -> None:
@@ -251,6 +253,85 @@ def test_names_with_a_nul_character_are_refused() -> None:
         Scheduler(namespace="a\x00")
     with pytest.raises(ScheduleError, match=r"^owner must not contain NUL"):
         Scheduler(owner="host\x00")
+
+
+def test_names_with_an_unpaired_surrogate_are_refused() -> None:
+    # PostgreSQL text cannot hold one (UTF-8 has no encoding of it): such a job's runs would
+    # all be errors and the replica's every heartbeat would fail, so it never appeared live
+    with pytest.raises(
+        ScheduleError,
+        match=r"^id must not contain unpaired surrogates \(PostgreSQL text cannot store them\), "
+        r"got 'job\\ud800': U\+D800 \(an unpaired surrogate\) at character 4$",
+    ) as info:
+        Scheduler().add(handler, every(10), id="job\ud800")
+    assert info.value.field == "id"
+    with pytest.raises(
+        ScheduleError,
+        match=r"^namespace must not contain unpaired surrogates \(PostgreSQL text cannot store "
+        r"them\), got 'ns\\udcff': U\+DCFF \(an unpaired surrogate\) at character 3$",
+    ) as info:
+        Scheduler(namespace="ns\udcff")  # a byte that is no UTF-8, decoded as surrogateescape
+    assert info.value.field == "namespace"
+    with pytest.raises(ScheduleError, match=r"^owner must not contain unpaired surrogates"):
+        Scheduler(owner="\udfffhost")
+    scheduler = Scheduler()
+    with pytest.raises(ScheduleError, match=r"^id must not contain unpaired surrogates"):
+
+        @scheduler.job(every(10), id="ü\ud83d")  # half of an emoji's pair
+        async def tidy(ctx: JobContext) -> None:
+            pass
+
+    assert scheduler.jobs == {}
+    # a pair encoded as one code point is text: an emoji, accents and other scripts pass
+    assert Scheduler().add(handler, every(10), id="nightly 🛑 ü שלום").id == "nightly 🛑 ü שלום"
+
+
+HIDDEN = [
+    pytest.param("\u202e", "U+202E (RIGHT-TO-LEFT OVERRIDE)", id="bidi_override"),
+    pytest.param("\u202a", "U+202A (LEFT-TO-RIGHT EMBEDDING)", id="bidi_embedding"),
+    pytest.param("\u2066", "U+2066 (LEFT-TO-RIGHT ISOLATE)", id="bidi_isolate"),
+    pytest.param("\u2069", "U+2069 (POP DIRECTIONAL ISOLATE)", id="bidi_pop_isolate"),
+    pytest.param("\u200b", "U+200B (ZERO WIDTH SPACE)", id="zero_width_space"),
+    pytest.param("\u200d", "U+200D (ZERO WIDTH JOINER)", id="zero_width_joiner"),
+    pytest.param("\ufeff", "U+FEFF (ZERO WIDTH NO-BREAK SPACE)", id="byte_order_mark"),
+    pytest.param("\u2028", "U+2028 (LINE SEPARATOR)", id="line_separator"),
+    pytest.param("\u2029", "U+2029 (PARAGRAPH SEPARATOR)", id="paragraph_separator"),
+    pytest.param("\x1b", "U+001B (a control character)", id="control_escape"),
+    pytest.param("\x85", "U+0085 (a control character)", id="control_next_line"),
+    pytest.param("\ud800", "U+D800 (an unpaired surrogate)", id="unpaired_surrogate"),
+]
+
+
+@pytest.mark.parametrize(("char", "named"), HIDDEN)
+@pytest.mark.parametrize("field", ["note", "who"])
+def test_a_note_or_who_with_a_hidden_character_is_refused_naming_it(
+    field: str, char: str, named: str
+) -> None:
+    # each would be stored and then printed raw by `ticklock status` and the dashboard: a bidi
+    # override reorders the line, a zero-width character hides in it, a separator breaks it
+    with pytest.raises(
+        ValueError,
+        match=rf"^{field} must be one line of plain text, without control, format or separator "
+        rf"characters: it has {re.escape(named)} at character 7$",
+    ):
+        checked(f"INC-42{char}: fixed", field)
+
+
+def test_a_note_in_any_script_passes() -> None:
+    for text in ("שלום עולם", "مرحبا", "🛑 stopped", "non\u00a0breaking", "ü" * 500):
+        assert checked(text, "note") == text
+
+
+@pytest.mark.anyio
+async def test_an_operation_with_a_hidden_character_changes_nothing() -> None:
+    scheduler = Scheduler()
+    scheduler.add(handler, every(60), id="j")
+    async with scheduler:
+        with pytest.raises(ValueError, match=r"^note must be one line of plain text"):
+            await scheduler.pause("j", "fixed \u202egnp.exe")
+        with pytest.raises(ValueError, match=r"^who must be one line of plain text"):
+            await scheduler.fleet.trigger("j", who="alice\u200b")
+        assert await scheduler.fleet.audit("j") == []
 
 
 def test_job_durations_beyond_the_calendar_are_refused() -> None:

@@ -20,11 +20,12 @@ import getpass
 import json
 import os
 import socket
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
+
+from ._validate import hidden
 
 
 class JobState(str, enum.Enum):
@@ -227,8 +228,9 @@ NOTE_LIMIT = 500
 
 def checked(text: str | None, name: str) -> str | None:
     """An operation's ``note`` or ``who`` as the audit log keeps it: ``None`` for none or
-    blank; ``ValueError`` for one over :data:`NOTE_LIMIT` characters or with control
-    characters (a terminal escape, a NUL), which the log never shows."""
+    blank; ``ValueError`` for one over :data:`NOTE_LIMIT` characters or with a character a
+    line must not hold (:func:`~ticklock._validate.hidden`: a terminal escape, a NUL, a bidi
+    override, a zero-width character, a line separator, an unpaired surrogate)."""
     if text is None:
         return None
     if not isinstance(text, str):
@@ -236,8 +238,11 @@ def checked(text: str | None, name: str) -> str | None:
     text = text.strip()
     if len(text) > NOTE_LIMIT:
         raise ValueError(f"{name} is {len(text)} characters; at most {NOTE_LIMIT} are kept")
-    if any(unicodedata.category(c) == "Cc" for c in text):
-        raise ValueError(f"{name} must be one line of text, without control characters")
+    if (found := hidden(text)) is not None:
+        raise ValueError(
+            f"{name} must be one line of plain text, without control, format or separator "
+            f"characters: it has {found}"
+        )
     return text or None
 
 

@@ -392,8 +392,8 @@ class Scheduler:
         (``"ops.example.com"``, ``"*.example.com"``, ``"*"``); without it pages answer any host
         and actions only ``localhost``. ``identify(request)`` names the caller of an action for
         the audit log; by default the ``display_name`` of the user Starlette's
-        ``AuthenticationMiddleware`` authenticated, else ``dashboard (<client address>)``.
-        Needs ``ticklock[dashboard]``."""
+        ``AuthenticationMiddleware`` authenticated, else ``dashboard (<client address>)``
+        (never taken from a request header). Needs ``ticklock[dashboard]``."""
         try:
             from ._dashboard import create_app
         except ImportError as exc:  # the extra, not installed: say which (as the CLI does)

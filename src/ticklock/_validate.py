@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import unicodedata
 from datetime import timedelta
 from functools import partial
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -18,6 +19,12 @@ MAX_NAME = 200
 MAX_SECONDS = 100 * 365.25 * 86400
 """The longest duration accepted: 100 years (a slot must stay a date the calendar has)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""The Unicode categories a line of text to show must not hold: control characters (a
+terminal escape, a NUL), format characters (bidi overrides and isolates, zero-width
+characters), unpaired surrogates and the line and paragraph separators."""
+_KIND = {"Cc": "a control character", "Cs": "an unpaired surrogate"}
 
 
 def seconds(
@@ -43,9 +50,53 @@ def seconds(
     raise ScheduleError(message, job_id=job_id, field=field)
 
 
+def described(char: str, at: int) -> str:
+    """``char``, found at index ``at`` of a text, as a message names it: ``U+202E
+    (RIGHT-TO-LEFT OVERRIDE) at character 4``."""
+    kind = unicodedata.name(char, "") or _KIND.get(unicodedata.category(char), "unnamed")
+    return f"U+{ord(char):04X} ({kind}) at character {at + 1}"
+
+
+def hidden(text: str) -> str | None:
+    """The first character of ``text`` that a line shown to an operator must not hold (see
+    ``_HIDDEN``), :func:`described`; ``None`` when there is none."""
+    if text.isascii() and text.isprintable():
+        return None  # the common case, checked at once
+    for at, char in enumerate(text):
+        if unicodedata.category(char) in _HIDDEN:
+            return described(char, at)
+    return None
+
+
+def visible(text: str) -> str:
+    """``text`` with each character :func:`hidden` refuses written as its escape (``\\u202e``),
+    for a terminal: a text recorded before such characters were refused, or an error's."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        char.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if unicodedata.category(char) in _HIDDEN
+        else char
+        for char in text
+    )
+
+
+def surrogate(text: str) -> str | None:
+    """The first unpaired surrogate of ``text`` (PostgreSQL cannot store one: UTF-8 has no
+    encoding of it), :func:`described`; ``None`` when there is none."""
+    found = _SURROGATE.search(text)
+    return None if found is None else described(found.group(), found.start())
+
+
 def name(value: object, field: str, *, job_id: str | None = None) -> str:
-    """Return ``value`` if it is a non-empty string of at most 200 characters."""
-    if type(value) is str and 0 < len(value) <= MAX_NAME and "\x00" not in value:
+    """Return ``value`` if it is a non-empty string of at most 200 characters that
+    PostgreSQL text can store (no NUL, no unpaired surrogate)."""
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_NAME
+        and "\x00" not in value
+        and (value.isascii() or _SURROGATE.search(value) is None)
+    ):
         return value  # the common case, checked at once
     error = partial(ScheduleError, job_id=job_id, field=field)
     if not isinstance(value, str) or not value or len(value) > MAX_NAME:
@@ -57,6 +108,11 @@ def name(value: object, field: str, *, job_id: str | None = None) -> str:
         raise error(
             f"{field} must not contain NUL characters (PostgreSQL text cannot store them), "
             f"got {value!r}"
+        )
+    if (found := surrogate(value)) is not None:
+        raise error(
+            f"{field} must not contain unpaired surrogates (PostgreSQL text cannot store them), "
+            f"got {value!r}: {found}"
         )
     return value
 

@@ -21,6 +21,7 @@ from .._fleet import (
     runs_json,
 )
 from .._postgres.fleet import PostgresFleet, from_connection
+from .._validate import visible
 from .app import label
 from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
 
@@ -66,7 +67,7 @@ def when(at: datetime | None) -> str:
 def one_line(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
-    line = " ".join(text.split())
+    line = visible(" ".join(text.split()))  # no bidi override or escape reaches the terminal
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -170,9 +171,10 @@ async def history(args: argparse.Namespace) -> int:
 
 async def pause(args: argparse.Namespace) -> int:
     """Pause a job fleet-wide."""
+    note = _note(args)
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.pause(args.job, _note(args), who=_who())
+            changed = await fleet.pause(args.job, note, who=_who())
         except KeyError as exc:
             return refused(exc)
     if not changed:
@@ -184,9 +186,10 @@ async def pause(args: argparse.Namespace) -> int:
 
 async def resume(args: argparse.Namespace) -> int:
     """Resume a paused job fleet-wide."""
+    note = _note(args)
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.resume(args.job, _note(args), who=_who())
+            changed = await fleet.resume(args.job, note, who=_who())
         except KeyError as exc:
             return refused(exc)
     if not changed:
@@ -198,9 +201,10 @@ async def resume(args: argparse.Namespace) -> int:
 
 async def trigger(args: argparse.Namespace) -> int:
     """Ask the fleet for one run of a job now."""
+    note = _note(args)
     async with open_fleet(args) as fleet:
         try:
-            at = await fleet.trigger(args.job, _note(args), who=_who())
+            at = await fleet.trigger(args.job, note, who=_who())
         except KeyError as exc:
             return refused(exc)
     print(
@@ -212,9 +216,10 @@ async def trigger(args: argparse.Namespace) -> int:
 
 async def forget(args: argparse.Namespace) -> int:
     """Delete the state and history of a job no live replica declares."""
+    note = _note(args)
     async with open_fleet(args) as fleet:
         try:
-            await fleet.forget(args.job, _note(args), who=_who())
+            await fleet.forget(args.job, note, who=_who())
         except (KeyError, JobDeclared) as exc:
             return refused(exc)
     print(f"ticklock: forgot {args.job!r}: its state and history are deleted")

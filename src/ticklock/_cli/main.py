@@ -13,7 +13,7 @@ import anyio
 
 from .._errors import ScheduleError, StartupError
 from .._validate import dsn as valid_dsn
-from .._validate import redact
+from .._validate import redact, surrogate
 from .._version import __version__
 from . import app, fleet, ledger, logs
 from .errors import EXIT_ERROR, CommandError
@@ -229,11 +229,20 @@ def _merge(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Refuse a bad ``--log-level`` or DSN before anything runs; apply the log level."""
+    """Refuse a bad ``--log-level``, DSN, job or namespace before anything runs; apply the log
+    level."""
     level = getattr(args, "log_level", None)
     if level is not None and level.upper() not in _LEVELS:
         raise CommandError(f"--log-level must be one of {', '.join(_LEVELS)}, got {level!r}")
     logging.getLogger("ticklock").setLevel((level or "INFO").upper())
+    for attr, shown in (("job", "JOB"), ("namespace", "--namespace")):
+        value = getattr(args, attr, None)
+        # a byte that is no UTF-8 in argv arrives as a surrogate: no job or namespace has one
+        if isinstance(value, str) and (found := surrogate(value)) is not None:
+            raise CommandError(
+                f"{shown} must not contain unpaired surrogates (PostgreSQL text cannot store "
+                f"them), got {value!r}: {found}"
+            )
     if not hasattr(args, "dsn"):
         return
     source = "--dsn"

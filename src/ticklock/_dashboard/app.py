@@ -99,7 +99,8 @@ def create_app(
     Read-only unless ``actions`` is true, which adds Pause (with a note), Resume and Trigger
     buttons (POST, with a CSRF token and a same-origin check). Each operation is audited under
     ``identify(request)``: by default the user an ``AuthenticationMiddleware`` of the mounting
-    app authenticated, else ``dashboard (<client address>)`` (see :func:`.guard.caller`).
+    app authenticated, else ``dashboard (<client address>)``, never from a request header
+    (see :func:`.guard.caller`).
     ``allowed_hosts`` (names, ``*.example.com``, ``*``) is what the request's ``Host`` must name
     for any answer; by default pages answer any host and actions only ``localhost``,
     ``127.0.0.1`` and ``::1``. ``title`` defaults to ``ticklock · <namespace>``. ``clock`` (the

@@ -4,6 +4,7 @@ the same-origin check of an action, a bounded form, and who the caller is for th
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._caps import cut_text
-from .._fleet import NOTE_LIMIT
+from .._fleet import NOTE_LIMIT, checked
 
 CSRF_COOKIE = "ticklock_csrf"
 CSRF_FIELD = "csrf"
@@ -130,24 +131,46 @@ async def read_form(request: Request) -> dict[str, str]:
 
 
 def read_note(form: dict[str, str]) -> str | None:
-    """The operator's note of an action: one line, trimmed; ``None`` for none."""
+    """The operator's note of an action: one line, trimmed; ``None`` for none; a 400 for one
+    the audit log refuses (:func:`~ticklock._fleet.checked`)."""
     note = _SPACE.sub(" ", form.get(NOTE_FIELD, "")).strip()
     if len(note) > MAX_NOTE:
         raise Problem(400, f"the note is longer than {MAX_NOTE} characters: shorten it")
-    return note or None
+    try:
+        return checked(note, "the note")
+    except ValueError as exc:
+        raise Problem(400, str(exc)) from None
 
 
 def caller(request: Request, identify: Identify | None) -> str:
     """Who the audit log names for ``request``: what ``identify`` says; by default (or when it
     says ``None``) the ``display_name`` of the user an ``AuthenticationMiddleware`` of the
-    mounting app authenticated, else ``dashboard (<client address>)``."""
+    mounting app authenticated, else ``dashboard (<client address>)`` (:func:`peer`)."""
     who = identify(request) if identify is not None else None
     if not who or not who.strip():
         user = request.scope.get("user")  # set only by Starlette's AuthenticationMiddleware
         if user is not None and getattr(user, "is_authenticated", False):
             who = str(getattr(user, "display_name", "") or "")
     if not who or not who.strip():
-        host = request.client.host if request.client is not None else "unknown address"
-        who = f"dashboard ({host})"
+        who = f"dashboard ({peer(request)})"
     who = _SPACE.sub(" ", who).strip()
     return cut_text(who, len(who), MAX_WHO)
+
+
+_FORWARDING = ("x-forwarded-for", "forwarded", "x-real-ip")
+"""Headers from which a server may rewrite a request's client address (uvicorn does from
+``X-Forwarded-For`` for a connection from 127.0.0.1, by default)."""
+
+
+def peer(request: Request) -> str:
+    """The client address of ``request`` as the default ``who`` names it, never taken from a
+    header: a request that carries a forwarding header (whose value a server may have put in
+    the client address) is ``via a proxy``, an address that is no IP address ``unknown
+    address``."""
+    if any(name in request.headers for name in _FORWARDING):
+        return "via a proxy"
+    host = request.client.host if request.client is not None else ""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return "unknown address"

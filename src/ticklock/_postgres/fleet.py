@@ -40,6 +40,7 @@ from .._fleet import (
 from .._ledger import LIMIT
 from .._lock_key import lock_key
 from .._sharing import Member, owner_of
+from .._validate import surrogate
 from .control import CHANNEL, LIVE, payload
 from .ledger import LedgerReader
 from .schema import quote
@@ -242,6 +243,7 @@ ORDER BY job_id"""
     ) -> list[RunRecord]:
         """The job's last ``limit`` runs, newest first; with ``max_text``, no report or error
         longer than that (see :meth:`Fleet.history <ticklock._fleet.Fleet.history>`)."""
+        self._storable(job_id)
         report_limit = REPORT_LIMIT if max_text is None else min(max_text, REPORT_LIMIT)
         error_limit = ERROR_LIMIT if max_text is None else min(max_text, ERROR_LIMIT)
         async with self._acquire() as conn:
@@ -295,6 +297,7 @@ ORDER BY job_id"""
         """Ask the fleet for one run now; refused (``KeyError``) when live replicas run and
         none declares the job enabled. A request not served yet keeps its instant. Audited."""
         note, who = said(note, who)
+        self._storable(job_id)
         async with self._acquire() as conn, conn.transaction():
             fleet, enabled, _ = await self._declaration(conn, job_id)
             if fleet and not enabled:
@@ -315,6 +318,7 @@ ORDER BY job_id"""
         """Delete the job's state and history, under its lock. Audited (its operations stay
         in the audit log)."""
         note, who = said(note, who)
+        self._storable(job_id)
         async with self._acquire() as conn, conn.transaction():
             *_, declared = await self._declaration(conn, job_id)
             if declared:
@@ -329,6 +333,8 @@ ORDER BY job_id"""
 
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
         """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
+        if job_id is not None and surrogate(job_id) is not None:
+            return []  # no job has such an id (PostgreSQL cannot store it)
         async with self._acquire() as conn:
             rows = await conn.fetch(self._actions, self.namespace, job_id, limit)
         return [Action(*row) for row in rows]
@@ -338,6 +344,7 @@ ORDER BY job_id"""
     ) -> list[SlotRecord]:
         """The job's ledger (see :mod:`ticklock._ledger`), from the records the retention
         keeps."""
+        self._storable(job_id)
         async with self._acquire() as conn:
             return await self._ledger.slots(conn, job_id, since, until, limit)
 
@@ -352,6 +359,7 @@ ORDER BY job_id"""
     ) -> bool:
         """Pause or resume, audited, and tell the replicas; whether it changed anything."""
         note, who = said(note, who)
+        self._storable(job_id)
         async with self._acquire() as conn, conn.transaction():
             before = await conn.fetchrow(self._current, self.namespace, job_id)
             if before is None:
@@ -364,6 +372,12 @@ ORDER BY job_id"""
 
     def _unknown(self, job_id: str) -> KeyError:
         return KeyError(f"no job {job_id!r} in namespace {self.namespace!r}")
+
+    def _storable(self, job_id: str) -> None:
+        """An id with an unpaired surrogate names no job (declaring one is refused, and
+        PostgreSQL cannot store it): unknown, as in memory, rather than a driver's error."""
+        if surrogate(job_id) is not None:
+            raise self._unknown(job_id)
 
 
 def _report(row: asyncpg.Record) -> Any:
