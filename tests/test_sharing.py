@@ -435,3 +435,45 @@ async def test_a_run_longer_than_the_grace_costs_no_backup_attempt(
     # committed (with every backup attempting, three attempts a slot)
     assert outcomes["locked"] == 0, outcomes
     assert outcomes["skipped"] <= 4, outcomes
+
+
+# -- a failing owner: its job's next slots run elsewhere (G2b) -------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_owner_whose_runs_fail_gives_the_job_to_the_others() -> None:
+    # A secret missing on the owner's host: its handler always fails, the two others would
+    # succeed. With no retries no other replica ever runs a slot the owner failed.
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+    bad, *good = sorted(("a", "b", "c"), key=lambda o: -weight(o, "job"))  # bad owns "job"
+    schedulers = []
+    for owner in (bad, *good):
+        scheduler = Scheduler(database=db, clock=clock, owner=owner)
+
+        async def job(ctx: JobContext, owner: str = owner) -> None:
+            if owner == bad:
+                raise RuntimeError("the secret is missing on this host")
+
+        scheduler.add(job, every(10, initial_delay=5), id="job", timeout=5, failure_threshold=2)
+        schedulers.append(scheduler)
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await clock.advance(100)
+        fleet = schedulers[1].fleet
+        ledger = await fleet.slots("job", T0, clock.now())
+        replicas = {r.owner: r.failing for r in await fleet.replicas()}
+        (record,) = [r for r in await fleet.jobs() if r.job_id == "job"]
+    fates = [
+        (int((s.slot - T0).total_seconds()), str(s.fate), s.run.owner if s.run else None)
+        for s in ledger
+    ]
+    # failure_threshold (2) failures in a row on the owner, then the next slots run on the
+    # replica ranked next (after the one that gave it up), on time, every slot
+    assert fates == [
+        (5, "failed", bad),
+        (15, "failed", bad),
+        *((slot, "ran", good[0]) for slot in range(25, 96, 10)),
+    ]
+    assert replicas == {bad: ("job",), good[0]: (), good[1]: ()}  # status: "gave up: job"
+    assert record.last_error == "RuntimeError: the secret is missing on this host"
+    assert record.consecutive_failures == 0 and record.last_outcome == "success"

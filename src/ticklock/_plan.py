@@ -358,16 +358,14 @@ def admit(
     return Run(slot)
 
 
-GIVE_UP_AFTER = 3
-"""A replica gives a job up after this many of its own runs of it failed in a row."""
 GIVE_UP_FOR = 900.0
 """Seconds after which a replica takes back a job it gave up."""
 
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """This replica's runs of the job keep failing while it succeeds elsewhere: rank after
-    every other replica for it."""
+    """This replica's runs of the job keep failing while another replica can run it: rank
+    after every other replica for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,30 +384,26 @@ KEEP = Keep()
 
 
 def standing(
-    state: FleetState | None,
+    job: Job,
     now: datetime,
     *,
     own_failures: int,
-    failing_since: datetime | None,
     given_up_at: datetime | None,
     others_can_run: Callable[[], bool],
 ) -> Standing:
-    """Give the job up after :data:`GIVE_UP_AFTER` failed runs here in a row (the first
-    began at ``failing_since``) while it succeeds elsewhere (the fleet's last success came
-    after the first of them) and another replica can run it; take it back after a success
-    here, or :data:`GIVE_UP_FOR` seconds after giving it up (the host may have been fixed).
-    ``others_can_run`` is asked last (it ranks the live replicas)."""
+    """Give ``job`` up after its ``failure_threshold`` failed runs here in a row while another
+    live replica can run it (one that declares it alike and has not given it up too); take it
+    back after a success here, or :data:`GIVE_UP_FOR` seconds after giving it up (the host may
+    have been fixed). ``others_can_run`` is asked last (it ranks the live replicas).
+
+    Whether the job succeeds elsewhere is not asked: with no retries, no other replica runs
+    a slot the owner failed, so the fleet would never learn that it does. A job that fails on
+    every replica (a shared dependency down) is given up by each in turn and stays on the
+    last, which no other can take it from."""
     if given_up_at is not None:
         if own_failures == 0 or (now - given_up_at).total_seconds() > GIVE_UP_FOR:
             return TakeBack()
         return KEEP
-    if (
-        own_failures >= GIVE_UP_AFTER
-        and failing_since is not None
-        and state is not None
-        and state.last_success_at is not None
-        and state.last_success_at > failing_since
-        and others_can_run()
-    ):
+    if own_failures >= job.failure_threshold and others_can_run():
         return GiveUp()
     return KEEP
