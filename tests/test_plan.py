@@ -58,7 +58,7 @@ async def handler(ctx: JobContext) -> None:
 
 
 def job(trigger: Any = None, **options: Any) -> Job:
-    return Job.declare(handler, trigger or every(60), id="j", timeout=5, **options)
+    return Job.declare(handler, trigger or every(60), id="j", **{"timeout": 5, **options})
 
 
 def s(seconds: float) -> datetime:
@@ -91,14 +91,30 @@ CASES = [
         ended(Outcome.SUCCESS, 0, 3),
         OnTime(s(63)),
     ),
-    (
-        "locked-looks-again-a-period-later",
+    (  # timeout 5: the holder's run has ended by 5 + 2 s, or the next attempt ends it
+        "locked-looks-again-once-the-holders-run-must-have-ended",
         job(),
         FleetState(),
         s(0),
         ended(Outcome.LOCKED, 0, 0),
-        Recheck(60.0),
-    ),  # fmt: skip
+        Recheck(7.0),
+    ),
+    (  # a timeout close to the period: never later than a period
+        "locked-looks-again-a-period-later-at-most",
+        job(every(10), timeout=9),
+        FleetState(),
+        s(0),
+        ended(Outcome.LOCKED, 0, 0),
+        Recheck(10.0),
+    ),
+    (  # cron: the timeout's bound, not the gap to the next fire (a day)
+        "locked-cron-looks-again-once-the-holders-run-must-have-ended",
+        job(cron("0 3 * * *"), timeout=60),
+        FleetState(),
+        s(0),
+        ended(Outcome.LOCKED, 0, 0),
+        Recheck(62.0),
+    ),
     (
         "locked-by-a-batched-run-looks-again-once-its-hold-ends",
         job(),

@@ -477,3 +477,65 @@ async def test_an_owner_whose_runs_fail_gives_the_job_to_the_others() -> None:
     assert replicas == {bad: ("job",), good[0]: (), good[1]: ()}  # status: "gave up: job"
     assert record.last_error == "RuntimeError: the secret is missing on this host"
     assert record.consecutive_failures == 0 and record.last_outcome == "success"
+
+
+# -- a replica that found the lock held looks again within the takeover bound (G2, G5) -------
+
+
+@pytest.mark.anyio
+async def test_a_cold_start_s_frozen_holder_is_taken_over_once_its_run_must_have_ended() -> None:
+    # Two replicas start together: the first attempts the first slot alone and holds the
+    # lock; the second, the job's owner, attempts half a second later and finds it held
+    # (locked). The holder then freezes inside its run (SIGSTOP; here its session ends at
+    # once). The owner attempts again once any run must have ended (timeout 12 + 2 s after
+    # it found the lock held), not a period (20 s) later, and runs the job.
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+    follower, holder = sorted(("a", "b"), key=lambda o: weight(o, "job"), reverse=True)
+    entered: list[tuple[str, float]] = []
+    schedulers = []
+    for owner in (holder, follower):
+        scheduler = Scheduler(database=db, clock=clock, owner=owner, shutdown_grace=0.1)
+
+        async def job(ctx: JobContext, owner: str = owner) -> None:
+            entered.append((owner, (ctx.started_at - T0).total_seconds()))
+            if owner == holder:
+                await anyio.sleep_forever()  # frozen in here
+
+        scheduler.add(job, every(20), id="job", timeout=12)
+        schedulers.append(scheduler)
+    with run_log() as log:
+        async with schedulers[0]:
+            await clock.advance(0.5)
+            assert entered == [(holder, 0.0)]
+            async with schedulers[1]:
+                await clock.advance(0.5)
+                assert log.outcomes("job") == ["locked"]
+                db.freeze(holder)
+                await clock.advance(20)
+                db.thaw(holder)
+    assert entered[:2] == [(holder, 0.0), (follower, 14.5)]
+
+
+@pytest.mark.anyio
+async def test_a_replica_that_found_the_lock_held_attempts_once_it_is_held_past_any_run() -> None:
+    # A holder frozen after it switched off its server-side timeouts keeps the lock; the
+    # attempt of a replica that finds it held past any run's bound ends it (on PostgreSQL).
+    # A replica that found it held at start looks again 14 s later (timeout 12 + 2 s), as
+    # a backup then, and counts the hold from its first sighting: it attempts at its look.
+    b = Backup(every(20), timeout=12)
+    owner = ahead_of("backup", "job")
+    held = await b.db.coordinator(owner, b.clock).attempt("job", 12, b.clock.now())
+    assert held.acquired
+    with run_log() as log:
+        async with b.scheduler:
+            await b.clock.advance(0.5)
+            assert log.outcomes("job") == ["locked"]  # alone at start: it attempted
+            b.view(owner)  # then it sees the holder, which owns the job
+            await b.clock.advance(14)
+            assert log.outcomes("job") == ["locked"]  # the look at 14 found it held
+            await b.clock.advance(1)
+            assert log.outcomes("job") == ["locked", "locked"]  # held 15 s: it attempted
+            await held.close()  # (in memory no attempt ends a holder: it goes by itself)
+            await b.clock.advance(16)
+    assert b.starts == [30.0]  # locked at 15: it looked again at 29, and a grace later ran

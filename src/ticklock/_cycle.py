@@ -200,7 +200,10 @@ class Cycle(Entry):
             self.held_at = None
         match decision:
             case Replan():
-                self.held_at = None
+                # the fleet moved past the slot: a run holding the lock now is another one;
+                # a re-alignment (no slot) keeps when this replica first found it held
+                if self.slot is not None:
+                    self.held_at = None
                 self.wait(plan(self.job, state, now))
             case LookAgain(after, second, missed):
                 self._missed(missed, now)

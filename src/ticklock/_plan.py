@@ -73,7 +73,9 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
         if busy(state, now):  # a batched run elsewhere: look again once its hold has ended
             assert state.busy_until is not None
             return Recheck(max(STEP, (state.busy_until - now).total_seconds() + STEP))
-        return Recheck(job.trigger.period)  # running elsewhere: look again a period later
+        # running elsewhere: look again once that run must have ended, or its holder (paused,
+        # frozen) is past its bound and the attempt ends it; never later than a period
+        return Recheck(min(job.trigger.period, hold_limit(job)))
     retry = _retry(job, state, now)
     if retry is not None:
         return retry
@@ -107,6 +109,13 @@ def steer(
     if toggled or serving:  # resumed by the catch_up rule, paused, or the request was served
         return plan(job, state, now)
     return None
+
+
+def hold_limit(job: Job) -> float:
+    """Seconds a run of ``job`` can hold its lock: its timeout, the server's bound on a paused
+    holder (a second more) and a grace. A holder found past it is ended by the next attempt
+    (see ``_postgres``), so a replica that found the lock held looks again by then."""
+    return job.timeout + 2 * GRACE
 
 
 def on_time(slot: datetime | None) -> OnTime | Idle:
@@ -277,7 +286,7 @@ def look(
         assert state.busy_until is not None
         return LookAgain(min(GRACE, max(STEP, (state.busy_until - now).total_seconds() + STEP)))
     if held:  # a run is in progress: look again a grace later, until it must have ended
-        if held_for < job.timeout + 2 * GRACE:
+        if held_for < hold_limit(job):
             return LookAgain(GRACE)
         return Attempt()  # held past any run's bound: the attempt ends its holder
     if not second:  # the owner missed it; the first backup attempts, the others look again
