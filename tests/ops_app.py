@@ -145,6 +145,16 @@ if SCENARIO == "failing":
         await log(ctx)
 
 
+if SCENARIO == "secret":
+    # the same host without the job's secret (``OPS_FAIL`` set), and a job with no retries:
+    # no other replica runs a slot the owner failed, unless the owner gives the job up
+    @scheduler.job(every(1), id="secret", timeout=0.5)
+    async def secret_only(ctx: JobContext) -> None:
+        if os.environ.get("OPS_FAIL"):
+            raise RuntimeError("the secret is missing on this host")
+        await log(ctx)
+
+
 if SCENARIO.startswith("declared-"):
     # one job whose interval differs between releases: ``declared-1``, ``declared-0.5``
     scheduler.add(logged, every(float(SCENARIO.split("-")[1])), id="j1", overdue_grace=60)

@@ -132,6 +132,22 @@ elif SCENARIO == "unbounded":
             await anyio.Path(MARKER).touch()
             await anyio.sleep(1.2)  # the test SIGSTOPs this process here
 
+elif SCENARIO == "cold":
+    # a job whose lock a replica finds held at its first attempt: the holder's first run
+    # (``REPLICA_HOLD`` set) writes its tick's start on the database's clock to the marker,
+    # and the test SIGSTOPs it there; its server-side timeouts are the usual ones (6 + 1 s)
+    @scheduler.job(every(20), id="cold", timeout=6)
+    async def cold(ctx: JobContext) -> None:
+        global runs
+        runs += 1
+        assert ctx.conn is not None
+        started = await begin(ctx)
+        await log(ctx, started, note=OWNER)
+        if os.environ.get("REPLICA_HOLD") and runs == 1:
+            tick: datetime = await ctx.conn.fetchval("SELECT now()")
+            await anyio.Path(MARKER).write_text(tick.isoformat())
+            await anyio.sleep(5)  # the test SIGSTOPs this process here
+
 elif SCENARIO == "batches":
     # a sweep over <schema>.items, three per batch, from the cursor on, at most 4 batches a
     # run; A's second batch of its first run lasts 1.5 s (the test SIGSTOPs A in there)

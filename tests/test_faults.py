@@ -232,6 +232,40 @@ async def test_a_failing_owner_gives_its_job_up_and_its_retries_run_elsewhere(
     assert failed_on == {bad}, history  # the history says which replica failed
 
 
+async def test_a_failing_owner_without_retries_gives_its_job_to_the_others(
+    ops: Replicas, pg_conn: Any
+) -> None:
+    # issue 33 item 10: the job succeeded 0 of 24 runs, all failed on the owner
+    s = ops.schema
+    owners = ["a", "b", "c"]
+    bad = ranking(owners, "secret")[0]  # the job's owner is the host without the secret
+    for owner in owners:
+        ops.start(owner, "secret", **({"fail": "1"} if owner == bad else {}))
+    await wait_live(pg_conn, s, set(owners))
+    since = await db_now(pg_conn)
+    await anyio.sleep(8)
+    rows = await pg_conn.fetch(
+        f"SELECT outcome, owner, started_at FROM {s}.runs WHERE job_id = 'secret' "
+        "AND started_at > $1 ORDER BY started_at",
+        since,
+    )
+    failures = [r for r in rows if r["outcome"] == "failure"]
+    successes = [r for r in rows if r["outcome"] == "success"]
+    assert {r["owner"] for r in failures} <= {bad}, rows
+    assert len(failures) <= 3, rows  # (the slots before the views agreed) then it gave it up
+    assert len(successes) >= 5 and bad not in {r["owner"] for r in successes}, rows
+    assert rows[-1]["outcome"] == "success", rows  # the successes go on
+    assert "this replica gives it up" in ops.output(bad)
+    # the operator's two views say which replica failed: status, and the ledger
+    status = await ops.cli("status")
+    assert re.search(rf"^  {bad}  .*; gave up: secret$", status.out, re.M), status
+    ledger = await ops.cli("slots", "secret", "--since", "1m", "--json")
+    failed_on = {
+        slot["run"]["owner"] for slot in ledger.json()["slots"] if slot["fate"] == "failed"
+    }
+    assert failed_on == {bad}, ledger
+
+
 async def test_when_declarations_differ_the_majority_rules_and_status_says_so(
     ops: Replicas, pg_conn: Any
 ) -> None:

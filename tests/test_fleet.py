@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from helpers import Replicas, eventually
+from ticklock._sharing import weight
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -149,6 +150,41 @@ async def test_a_frozen_holder_that_switched_off_its_timeouts_is_ended_by_anothe
         f"SELECT outcome FROM {s}.runs WHERE owner = 'A' AND job_id = 'unbounded'"
     )
     assert "success" not in [r["outcome"] for r in a_runs]
+
+
+async def test_a_replica_that_finds_the_lock_held_takes_a_frozen_holder_over_in_its_bound(
+    fleet: Replicas, pg_conn: Any
+) -> None:
+    # A cold start: H attempts the first slot and holds its lock, F starts meanwhile and
+    # finds it held (locked); then H is frozen inside its run. Its session ends by its
+    # server-side timeouts (timeout 6 + 1 s after its tick began); F attempts again once any
+    # run must have ended (6 + 2 s after it found the lock held), not a period (20 s) later.
+    s = fleet.schema
+    follower, holder = sorted(("p", "q"), key=lambda o: weight(o, "cold"), reverse=True)
+    h = fleet.start(holder, "cold", hold="1")  # F ranks first: it attempts, as owner or alone
+    await fleet.wait_marker(holder, "the holder to be inside its first run")
+    h.send_signal(signal.SIGSTOP)
+    fleet.start(follower, "cold", log_level="DEBUG")
+    tick = datetime.fromisoformat(fleet.marker(holder).read_text())
+
+    async def taken_over() -> bool:
+        return bool(
+            await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = $1", follower)
+        )
+
+    await eventually(taken_over, 25, "the other replica to take the frozen run over")
+    took = await pg_conn.fetchval(f"SELECT min(started) FROM {s}.log WHERE note = $1", follower)
+    assert "outcome=locked" in fleet.output(follower)  # it found the lock held
+    # it found the lock held before the holder's session ended (7 s after its tick began),
+    # and attempted 8 s later at most: 15 s, with a second's slack (a period: 20 s and more)
+    waited = (took - tick).total_seconds()
+    assert 7.0 <= waited <= 16.0, waited
+    h.send_signal(signal.SIGCONT)
+    await anyio.sleep(1)
+    assert fleet.stop(holder) == 0, fleet.output(holder)
+    assert fleet.stop(follower) == 0, fleet.output(follower)
+    notes = [r["note"] for r in await pg_conn.fetch(f"SELECT note FROM {s}.log")]
+    assert notes == [follower], "the frozen holder's writes never appear, and the slot ran once"
 
 
 async def test_a_replica_killed_mid_run_leaves_no_partial_write(

@@ -58,7 +58,7 @@ async def handler(ctx: JobContext) -> None:
 
 
 def job(trigger: Any = None, **options: Any) -> Job:
-    return Job.declare(handler, trigger or every(60), id="j", timeout=5, **options)
+    return Job.declare(handler, trigger or every(60), id="j", **{"timeout": 5, **options})
 
 
 def s(seconds: float) -> datetime:
@@ -91,14 +91,30 @@ CASES = [
         ended(Outcome.SUCCESS, 0, 3),
         OnTime(s(63)),
     ),
-    (
-        "locked-looks-again-a-period-later",
+    (  # timeout 5: the holder's run has ended by 5 + 2 s, or the next attempt ends it
+        "locked-looks-again-once-the-holders-run-must-have-ended",
         job(),
         FleetState(),
         s(0),
         ended(Outcome.LOCKED, 0, 0),
-        Recheck(60.0),
-    ),  # fmt: skip
+        Recheck(7.0),
+    ),
+    (  # a timeout close to the period: never later than a period
+        "locked-looks-again-a-period-later-at-most",
+        job(every(10), timeout=9),
+        FleetState(),
+        s(0),
+        ended(Outcome.LOCKED, 0, 0),
+        Recheck(10.0),
+    ),
+    (  # cron: the timeout's bound, not the gap to the next fire (a day)
+        "locked-cron-looks-again-once-the-holders-run-must-have-ended",
+        job(cron("0 3 * * *"), timeout=60),
+        FleetState(),
+        s(0),
+        ended(Outcome.LOCKED, 0, 0),
+        Recheck(62.0),
+    ),
     (
         "locked-by-a-batched-run-looks-again-once-its-hold-ends",
         job(),
@@ -491,28 +507,35 @@ def test_steer(state: FleetState, toggled: bool, serving: bool, expected: Plan |
 
 # -- standing: give a job up, take it back ------------------------------------------------
 
-_FAILING_SINCE = T0
-_SUCCEEDS_ELSEWHERE = FleetState(last_success_at=T0 + timedelta(seconds=5))
-
 
 @pytest.mark.parametrize(
-    ("state", "own_failures", "given_up_at", "others", "now", "expected"),
+    ("threshold", "own_failures", "given_up_at", "others", "now", "expected"),
     [
-        # three failures here in a row while it succeeds elsewhere, another replica can run it
-        (_SUCCEEDS_ELSEWHERE, 3, None, True, T0 + timedelta(seconds=30), GiveUp()),
-        (_SUCCEEDS_ELSEWHERE, 2, None, True, T0 + timedelta(seconds=30), KEEP),  # two only
-        (_SUCCEEDS_ELSEWHERE, 3, None, False, T0 + timedelta(seconds=30), KEEP),  # nobody else
-        # the fleet's last success came before the first of them: it succeeds nowhere
-        (FleetState(last_success_at=T0 - timedelta(seconds=1)), 3, None, True, T0, KEEP),
-        (None, 3, None, True, T0, KEEP),  # no state read
+        # failure_threshold failures here in a row while another replica can run it: whether
+        # it succeeds elsewhere is not asked (with no retries, nobody else tries the slot)
+        (1, 1, None, True, T0, GiveUp()),
+        (3, 3, None, True, T0, GiveUp()),
+        (3, 2, None, True, T0, KEEP),  # two only
+        (1, 0, None, True, T0, KEEP),  # no failure here
+        (1, 1, None, False, T0, KEEP),  # nobody else: alone, or the others gave it up too
         # given up: back after a success here, or after GIVE_UP_FOR
-        (_SUCCEEDS_ELSEWHERE, 0, T0, True, T0 + timedelta(seconds=1), TakeBack()),
-        (_SUCCEEDS_ELSEWHERE, 4, T0, True, T0 + timedelta(seconds=GIVE_UP_FOR), KEEP),
-        (_SUCCEEDS_ELSEWHERE, 4, T0, True, T0 + timedelta(seconds=GIVE_UP_FOR + 1), TakeBack()),
+        (1, 0, T0, True, T0 + timedelta(seconds=1), TakeBack()),
+        (1, 4, T0, True, T0 + timedelta(seconds=GIVE_UP_FOR), KEEP),
+        (1, 4, T0, True, T0 + timedelta(seconds=GIVE_UP_FOR + 1), TakeBack()),
+    ],
+    ids=[
+        "one-failure-threshold-1",
+        "three-failures-threshold-3",
+        "under-the-threshold",
+        "no-failure",
+        "nobody-else",
+        "given-up-succeeded-here",
+        "given-up-not-yet-back",
+        "given-up-back-after-a-while",
     ],
 )
 def test_standing(
-    state: FleetState | None,
+    threshold: int,
     own_failures: int,
     given_up_at: datetime | None,
     others: bool,
@@ -526,10 +549,9 @@ def test_standing(
         return others
 
     decision = standing(
-        state,
+        job(failure_threshold=threshold),
         now,
         own_failures=own_failures,
-        failing_since=_FAILING_SINCE if own_failures else None,
         given_up_at=given_up_at,
         others_can_run=others_can_run,
     )

@@ -325,9 +325,10 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
     # A replica that finds the lock held learns the outcome of that run only at its next
-    # attempt, a period later. Judged from the success it last read, it called the job overdue
-    # in between, at every slot the other replica ran (45 % of the time in a real two-replica
-    # run): a /health endpoint on every follower flapped to 503 while the job was fine.
+    # attempt (once that run must have ended). Judged from the success it last read, it
+    # called the job overdue in between, at every slot the other replica ran (45 % of the
+    # time in a real two-replica run): a /health endpoint on every follower flapped to 503
+    # while the job was fine.
     clock = ManualClock(at("2020-01-01T00:00:00Z"))
     scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
     runs: list[str] = []
@@ -354,14 +355,20 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
 
             await eventually(locked, 10, "the 00:01:40 attempt to find the lock held")
             # past the limit of the success this replica read (00:01:40 + 10 s + 1 s): that
-            # run may have succeeded, so not overdue
+            # run may have succeeded, so not overdue; this replica attempts again once that
+            # run must have ended (10 s + 2 s after it found the lock held), and finds it held
             await clock.advance(12)
+
+            async def locked_again() -> bool:
+                return log.outcomes("shared").count("locked") == 2
+
+            await eventually(locked_again, 10, "the 00:01:52 attempt to find the lock held")
             assert not overdue()
-            # the other replica's run ended without a record; this replica's retry, a period
-            # after it found the lock held, reads that, runs the slot and fails: failing, and
-            # not overdue (its run finished)
+            # the other replica's run ended without a record; this replica's next attempt,
+            # 12 s on, reads that, runs the slot and fails: failing, and not overdue (its run
+            # finished). (Issue 33 item 9: it attempted a period after it found the lock held.)
             await pg_conn.execute("SELECT pg_advisory_unlock($1)", key)
-            await clock.advance(88)
+            await clock.advance(12)
 
             async def failed() -> bool:
                 return "failure" in log.outcomes("shared")

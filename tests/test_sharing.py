@@ -435,3 +435,107 @@ async def test_a_run_longer_than_the_grace_costs_no_backup_attempt(
     # committed (with every backup attempting, three attempts a slot)
     assert outcomes["locked"] == 0, outcomes
     assert outcomes["skipped"] <= 4, outcomes
+
+
+# -- a failing owner: its job's next slots run elsewhere (G2b) -------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_owner_whose_runs_fail_gives_the_job_to_the_others() -> None:
+    # A secret missing on the owner's host: its handler always fails, the two others would
+    # succeed. With no retries no other replica ever runs a slot the owner failed.
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+    bad, *good = sorted(("a", "b", "c"), key=lambda o: -weight(o, "job"))  # bad owns "job"
+    schedulers = []
+    for owner in (bad, *good):
+        scheduler = Scheduler(database=db, clock=clock, owner=owner)
+
+        async def job(ctx: JobContext, owner: str = owner) -> None:
+            if owner == bad:
+                raise RuntimeError("the secret is missing on this host")
+
+        scheduler.add(job, every(10, initial_delay=5), id="job", timeout=5, failure_threshold=2)
+        schedulers.append(scheduler)
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await clock.advance(100)
+        fleet = schedulers[1].fleet
+        ledger = await fleet.slots("job", T0, clock.now())
+        replicas = {r.owner: r.failing for r in await fleet.replicas()}
+        (record,) = [r for r in await fleet.jobs() if r.job_id == "job"]
+    fates = [
+        (int((s.slot - T0).total_seconds()), str(s.fate), s.run.owner if s.run else None)
+        for s in ledger
+    ]
+    # failure_threshold (2) failures in a row on the owner, then the next slots run on the
+    # replica ranked next (after the one that gave it up), on time, every slot
+    assert fates == [
+        (5, "failed", bad),
+        (15, "failed", bad),
+        *((slot, "ran", good[0]) for slot in range(25, 96, 10)),
+    ]
+    assert replicas == {bad: ("job",), good[0]: (), good[1]: ()}  # status: "gave up: job"
+    assert record.last_error == "RuntimeError: the secret is missing on this host"
+    assert record.consecutive_failures == 0 and record.last_outcome == "success"
+
+
+# -- a replica that found the lock held looks again within the takeover bound (G2, G5) -------
+
+
+@pytest.mark.anyio
+async def test_a_cold_start_s_frozen_holder_is_taken_over_once_its_run_must_have_ended() -> None:
+    # Two replicas start together: the first attempts the first slot alone and holds the
+    # lock; the second, the job's owner, attempts half a second later and finds it held
+    # (locked). The holder then freezes inside its run (SIGSTOP; here its session ends at
+    # once). The owner attempts again once any run must have ended (timeout 12 + 2 s after
+    # it found the lock held), not a period (20 s) later, and runs the job.
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+    follower, holder = sorted(("a", "b"), key=lambda o: weight(o, "job"), reverse=True)
+    entered: list[tuple[str, float]] = []
+    schedulers = []
+    for owner in (holder, follower):
+        scheduler = Scheduler(database=db, clock=clock, owner=owner, shutdown_grace=0.1)
+
+        async def job(ctx: JobContext, owner: str = owner) -> None:
+            entered.append((owner, (ctx.started_at - T0).total_seconds()))
+            if owner == holder:
+                await anyio.sleep_forever()  # frozen in here
+
+        scheduler.add(job, every(20), id="job", timeout=12)
+        schedulers.append(scheduler)
+    with run_log() as log:
+        async with schedulers[0]:
+            await clock.advance(0.5)
+            assert entered == [(holder, 0.0)]
+            async with schedulers[1]:
+                await clock.advance(0.5)
+                assert log.outcomes("job") == ["locked"]
+                db.freeze(holder)
+                await clock.advance(20)
+                db.thaw(holder)
+    assert entered[:2] == [(holder, 0.0), (follower, 14.5)]
+
+
+@pytest.mark.anyio
+async def test_a_replica_that_found_the_lock_held_attempts_once_it_is_held_past_any_run() -> None:
+    # A holder frozen after it switched off its server-side timeouts keeps the lock; the
+    # attempt of a replica that finds it held past any run's bound ends it (on PostgreSQL).
+    # A replica that found it held at start looks again 14 s later (timeout 12 + 2 s), as
+    # a backup then, and counts the hold from its first sighting: it attempts at its look.
+    b = Backup(every(20), timeout=12)
+    owner = ahead_of("backup", "job")
+    held = await b.db.coordinator(owner, b.clock).attempt("job", 12, b.clock.now())
+    assert held.acquired
+    with run_log() as log:
+        async with b.scheduler:
+            await b.clock.advance(0.5)
+            assert log.outcomes("job") == ["locked"]  # alone at start: it attempted
+            b.view(owner)  # then it sees the holder, which owns the job
+            await b.clock.advance(14)
+            assert log.outcomes("job") == ["locked"]  # the look at 14 found it held
+            await b.clock.advance(1)
+            assert log.outcomes("job") == ["locked", "locked"]  # held 15 s: it attempted
+            await held.close()  # (in memory no attempt ends a holder: it goes by itself)
+            await b.clock.advance(16)
+    assert b.starts == [30.0]  # locked at 15: it looked again at 29, and a grace later ran

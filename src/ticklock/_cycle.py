@@ -60,8 +60,7 @@ class Cycle(Entry):
     def start(self, state: FleetState | None, now: datetime) -> None:
         """Begin the cycle at ``now`` from the fleet's ``state`` (``None``: not known yet)."""
         self.state, self.since = state, now
-        self.own_failures, self.failing_since = 0, None
-        self.given_up_at = None
+        self.own_failures, self.given_up_at = 0, None
         if self.job.enabled:
             self.wait(plan(self.job, state or NO_STATE, now))
 
@@ -201,7 +200,10 @@ class Cycle(Entry):
             self.held_at = None
         match decision:
             case Replan():
-                self.held_at = None
+                # the fleet moved past the slot: a run holding the lock now is another one;
+                # a re-alignment (no slot) keeps when this replica first found it held
+                if self.slot is not None:
+                    self.held_at = None
                 self.wait(plan(self.job, state, now))
             case LookAgain(after, second, missed):
                 self._missed(missed, now)
@@ -297,10 +299,8 @@ class Cycle(Entry):
         if result.manual:
             return
         if result.outcome is Outcome.SUCCESS:
-            self.own_failures, self.failing_since = 0, None
+            self.own_failures = 0
         elif result.outcome in (Outcome.FAILURE, Outcome.TIMEOUT):
-            if not self.own_failures:
-                self.failing_since = result.started_at
             self.own_failures += 1
         if self.own_failures or self.given_up_at is not None:  # else the standing is kept
             self._stand(result.error)
@@ -310,26 +310,25 @@ class Cycle(Entry):
         job_id = self.job.id
         now = crew.clock.now()
         match standing(
-            self.state,
+            self.job,
             now,
             own_failures=self.own_failures,
-            failing_since=self.failing_since,
             given_up_at=self.given_up_at,
             others_can_run=lambda: crew.share.others_can_run(job_id),
         ):
             case TakeBack():
-                self.given_up_at = None
-                self.own_failures, self.failing_since = 0, None
+                self.given_up_at, self.own_failures = None, 0
                 logger.info("%s: this replica runs it again", job_id, extra={"job_id": job_id})
                 crew.coordinator.poke()
             case GiveUp():
                 self.given_up_at = now
                 logger.warning(
-                    "%s: this replica's last %d runs failed%s, while it succeeds elsewhere: "
-                    "this replica gives it up, ranking after every other one for it, for %g "
-                    "minutes or until a run of it here succeeds",
+                    "%s: %d run%s of it in a row failed on this replica%s, while other "
+                    "replicas can run it: this replica gives it up, ranking after every other "
+                    "one for it, for %g minutes or until a run of it here succeeds",
                     job_id,
                     self.own_failures,
+                    "" if self.own_failures == 1 else "s",
                     f" (last: {error})" if error else "",
                     GIVE_UP_FOR / 60,
                     extra={"job_id": job_id},

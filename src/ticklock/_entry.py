@@ -23,7 +23,6 @@ class Entry(Timer):
         "ahead",
         "attempt",
         "credit",
-        "failing_since",
         "fire_at",
         "given_up_at",
         "held_at",
@@ -62,7 +61,6 @@ class Entry(Timer):
         self.observer = False  # declared otherwise than the ruling declaration: never attempts
         self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
         self.own_failures = 0  # this replica's consecutive failed runs of the job
-        self.failing_since: datetime | None = None  # the start of the first of them
         self.given_up_at: datetime | None = None  # this replica gave the job up (see _plan)
         self._fingerprint: str | None = None  # computed when first published
 

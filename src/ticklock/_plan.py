@@ -73,7 +73,9 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
         if busy(state, now):  # a batched run elsewhere: look again once its hold has ended
             assert state.busy_until is not None
             return Recheck(max(STEP, (state.busy_until - now).total_seconds() + STEP))
-        return Recheck(job.trigger.period)  # running elsewhere: look again a period later
+        # running elsewhere: look again once that run must have ended, or its holder (paused,
+        # frozen) is past its bound and the attempt ends it; never later than a period
+        return Recheck(min(job.trigger.period, hold_limit(job)))
     retry = _retry(job, state, now)
     if retry is not None:
         return retry
@@ -107,6 +109,13 @@ def steer(
     if toggled or serving:  # resumed by the catch_up rule, paused, or the request was served
         return plan(job, state, now)
     return None
+
+
+def hold_limit(job: Job) -> float:
+    """Seconds a run of ``job`` can hold its lock: its timeout, the server's bound on a paused
+    holder (a second more) and a grace. A holder found past it is ended by the next attempt
+    (see ``_postgres``), so a replica that found the lock held looks again by then."""
+    return job.timeout + 2 * GRACE
 
 
 def on_time(slot: datetime | None) -> OnTime | Idle:
@@ -277,7 +286,7 @@ def look(
         assert state.busy_until is not None
         return LookAgain(min(GRACE, max(STEP, (state.busy_until - now).total_seconds() + STEP)))
     if held:  # a run is in progress: look again a grace later, until it must have ended
-        if held_for < job.timeout + 2 * GRACE:
+        if held_for < hold_limit(job):
             return LookAgain(GRACE)
         return Attempt()  # held past any run's bound: the attempt ends its holder
     if not second:  # the owner missed it; the first backup attempts, the others look again
@@ -358,16 +367,14 @@ def admit(
     return Run(slot)
 
 
-GIVE_UP_AFTER = 3
-"""A replica gives a job up after this many of its own runs of it failed in a row."""
 GIVE_UP_FOR = 900.0
 """Seconds after which a replica takes back a job it gave up."""
 
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """This replica's runs of the job keep failing while it succeeds elsewhere: rank after
-    every other replica for it."""
+    """This replica's runs of the job keep failing while another replica can run it: rank
+    after every other replica for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,30 +393,26 @@ KEEP = Keep()
 
 
 def standing(
-    state: FleetState | None,
+    job: Job,
     now: datetime,
     *,
     own_failures: int,
-    failing_since: datetime | None,
     given_up_at: datetime | None,
     others_can_run: Callable[[], bool],
 ) -> Standing:
-    """Give the job up after :data:`GIVE_UP_AFTER` failed runs here in a row (the first
-    began at ``failing_since``) while it succeeds elsewhere (the fleet's last success came
-    after the first of them) and another replica can run it; take it back after a success
-    here, or :data:`GIVE_UP_FOR` seconds after giving it up (the host may have been fixed).
-    ``others_can_run`` is asked last (it ranks the live replicas)."""
+    """Give ``job`` up after its ``failure_threshold`` failed runs here in a row while another
+    live replica can run it (one that declares it alike and has not given it up too); take it
+    back after a success here, or :data:`GIVE_UP_FOR` seconds after giving it up (the host may
+    have been fixed). ``others_can_run`` is asked last (it ranks the live replicas).
+
+    Whether the job succeeds elsewhere is not asked: with no retries, no other replica runs
+    a slot the owner failed, so the fleet would never learn that it does. A job that fails on
+    every replica (a shared dependency down) is given up by each in turn and stays on the
+    last, which no other can take it from."""
     if given_up_at is not None:
         if own_failures == 0 or (now - given_up_at).total_seconds() > GIVE_UP_FOR:
             return TakeBack()
         return KEEP
-    if (
-        own_failures >= GIVE_UP_AFTER
-        and failing_since is not None
-        and state is not None
-        and state.last_success_at is not None
-        and state.last_success_at > failing_since
-        and others_can_run()
-    ):
+    if own_failures >= job.failure_threshold and others_can_run():
         return GiveUp()
     return KEEP
