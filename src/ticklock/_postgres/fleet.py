@@ -39,8 +39,8 @@ from .._fleet import (
 )
 from .._ledger import LIMIT
 from .._lock_key import lock_key
-from .._sharing import Member, owner_of
-from .control import CHANNEL, LIVE, payload
+from .._sharing import LIVE, Member, owner_of
+from .control import CHANNEL, payload
 from .ledger import LedgerReader
 from .schema import quote
 
