@@ -144,7 +144,11 @@ class MemoryDatabase:
     async def _gate(self, owner: str) -> None:
         event = self._frozen.get(owner)
         if event is not None:
-            await event.wait()
+            # as in a process stopped by SIGSTOP, where no timeout fires before SIGCONT: a
+            # call made while frozen goes on when it thaws (a tick's attempt, then, finds
+            # what the others did meanwhile), however long that took
+            with anyio.CancelScope(shield=True):
+                await event.wait()
         if owner in self._killed:
             raise ReplicaLost(f"replica {owner} was killed (MemoryDatabase.kill)")
 
