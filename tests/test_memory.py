@@ -139,6 +139,28 @@ async def test_a_killed_replica_is_stood_in_for_a_grace_late_and_leaves_the_view
         assert late == [(20.0, 1.0)] + [(s + 1.0, 0.0) for s in range(30, 101, 10)]
 
 
+async def test_a_replica_frozen_past_its_heartbeat_leaves_the_view_and_joins_it_when_it_thaws() -> (
+    None
+):
+    fleet = Fleet("a", "b")
+    async with fleet.schedulers["a"], fleet.schedulers["b"]:
+        await fleet.clock.advance(15)
+        fleet.db.freeze("a")
+        await fleet.clock.advance(LIVE - 1)
+        frozen = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        await fleet.clock.advance(1)
+        stale = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        fleet.db.thaw("a")
+        await fleet.clock.advance(1)
+        thawed = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        ran = len(fleet.runs)
+        await fleet.clock.advance(20)
+        successes = [await fleet.successes(job_id) for job_id in JOBS]
+    assert (frozen, stale, thawed) == (["a", "b"], ["b"], ["a", "b"])
+    assert {owner for _, _, owner, _ in fleet.runs[ran:]} == {"a", "b"}  # a runs its own again
+    assert all(set(counts.values()) == {1} for counts in successes)  # each slot once
+
+
 async def test_a_pause_and_a_trigger_on_one_replica_reach_the_others() -> None:
     fleet = Fleet("a", "b")
     a, b = fleet.schedulers["a"], fleet.schedulers["b"]

@@ -91,8 +91,9 @@ class MemoryDatabase:
         (its session was ended). It beats no more: it stays in the others' view until its
         last beat (now) is :data:`~ticklock._sharing.LIVE` seconds old, and joins it again
         when it thaws."""
-        self._frozen.setdefault(owner, anyio.Event())
-        self._stopped(owner)
+        if owner not in self._frozen:  # frozen again: its last beat stays the first freeze's
+            self._frozen[owner] = anyio.Event()
+            self._stopped(owner)
         for job_id, attempt in list(self._held.items()):
             if attempt.owner == owner:
                 attempt.lost = True
