@@ -56,6 +56,8 @@ FAILOVER = 2.0
 """Seconds after its slot by which a slot its owner missed has started elsewhere (G2b)."""
 ON_TIME = 0.5
 """Seconds after its slot within which a run counts as on time (PostgreSQL's round trips)."""
+RESUMED = 1.0
+"""Seconds after a resume within which the job's run it owes has started (heard at once)."""
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
@@ -384,7 +386,7 @@ async def test_a_pause_stops_every_replica_and_a_resume_runs_the_job_at_once(
     resumed = backend.now()
     # its slot passed during the pause: one run, at once (catch_up), then on schedule
     first, second = await more(backend, "tick", 2, seen)
-    assert (first.started_at - resumed).total_seconds() <= 1.0
+    assert (first.started_at - resumed).total_seconds() <= RESUMED
     assert first.slot is not None and first.slot < resumed
     assert (second.started_at - first.finished_at).total_seconds() >= INTERVAL
     assert 0 <= lateness(second) <= ON_TIME, lateness(second)
@@ -397,7 +399,8 @@ async def test_a_trigger_runs_the_job_once_on_one_replica_paused_or_not(
     await backend.until(lambda: _declared(backend, "rare"), 10, "the replicas to declare the job")
     at = await backend.operator.trigger("rare")
     [run] = await more(backend, "rare", 1, seen=0)
-    assert (run.slot, run.manual, run.owner in ("a", "b")) == (at, True, True)
+    assert (run.slot, run.manual) == (at, True)  # slot: the request's instant
+    assert run.owner in ("a", "b")
     await backend.wait(1)
     assert len(await runs(backend, "rare")) == 1  # once, not once per replica
     assert await backend.operator.pause("rare")
