@@ -113,7 +113,7 @@ class Result:
         return json.loads(self.out)
 
 
-_PREFIXES = {"ops_app": "OPS", "replica_app": "REPLICA"}
+_PREFIXES = {"ops_app": "OPS", "replica_app": "REPLICA", "contract_app": "CONTRACT"}
 """The prefix of the environment variables each test app reads its settings from."""
 
 

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from ticklock import JobContext, Scheduler, every
+from ticklock._sharing import LIVE
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
@@ -115,16 +116,49 @@ async def test_a_frozen_owner_is_stood_in_for_within_two_seconds_and_its_late_co
     ]
 
 
-async def test_a_killed_replica_leaves_the_view_and_its_jobs_run_on_time_elsewhere() -> None:
+async def test_a_killed_replica_is_stood_in_for_a_grace_late_and_leaves_the_view_once_stale() -> (
+    None
+):
+    # as on PostgreSQL, where a dead replica's row stays until its heartbeat is LIVE s old:
+    # it owns its jobs until then, and their backup stands in a grace after the slot it missed
     fleet = Fleet("a", "b")
     async with fleet.schedulers["a"], fleet.schedulers["b"]:
         await fleet.clock.advance(15)
         fleet.db.kill("a")
         await fleet.clock.advance(30)
-        replicas = await fleet.schedulers["b"].fleet.replicas()
-    assert [r.owner for r in replicas] == ["b"]
+        dead = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        await fleet.clock.advance(LIVE)
+        replicas = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+    assert dead == ["a", "b"]  # still in the view 30 s after its last beat
+    assert replicas == ["b"]  # and gone once that beat was LIVE seconds old
+    theirs = {job for job, slot, owner, _ in fleet.runs if slot == 10 and owner == "a"}
+    assert theirs  # a ran some jobs' slot 10
     assert {job for job, ran in fleet.owners(since=20).items() if ran == {"b"}} == set(JOBS)
-    assert all(start == slot for _, slot, owner, start in fleet.runs if slot >= 20)
+    for job in theirs:  # its slot 20 ran a grace late; then b stood in for a, on time
+        late = [(slot, start - slot) for j, slot, _, start in fleet.runs if j == job and slot > 10]
+        assert late == [(20.0, 1.0)] + [(s + 1.0, 0.0) for s in range(30, 101, 10)]
+
+
+async def test_a_replica_frozen_past_its_heartbeat_leaves_the_view_and_joins_it_when_it_thaws() -> (
+    None
+):
+    fleet = Fleet("a", "b")
+    async with fleet.schedulers["a"], fleet.schedulers["b"]:
+        await fleet.clock.advance(15)
+        fleet.db.freeze("a")
+        await fleet.clock.advance(LIVE - 1)
+        frozen = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        await fleet.clock.advance(1)
+        stale = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        fleet.db.thaw("a")
+        await fleet.clock.advance(1)
+        thawed = [r.owner for r in await fleet.schedulers["b"].fleet.replicas()]
+        ran = len(fleet.runs)
+        await fleet.clock.advance(20)
+        successes = [await fleet.successes(job_id) for job_id in JOBS]
+    assert (frozen, stale, thawed) == (["a", "b"], ["b"], ["a", "b"])
+    assert {owner for _, _, owner, _ in fleet.runs[ran:]} == {"a", "b"}  # a runs its own again
+    assert all(set(counts.values()) == {1} for counts in successes)  # each slot once
 
 
 async def test_a_pause_and_a_trigger_on_one_replica_reach_the_others() -> None:

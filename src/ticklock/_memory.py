@@ -5,8 +5,11 @@ class for tests: several schedulers given one ``MemoryDatabase`` share it as rep
 PostgreSQL (one lock per job, the fleet's state, pauses and triggers, the live replicas), so
 sharing, failover, pause and trigger run on a ``ManualClock`` in milliseconds.
 :meth:`MemoryDatabase.freeze` and :meth:`MemoryDatabase.kill` stand for a replica that was
-paused (SIGSTOP) or died. What only PostgreSQL does (sessions, server-side timeouts, poolers)
-is not modelled here.
+paused (SIGSTOP) or died. Either stays in the others' view, as on PostgreSQL, until its last
+beat is :data:`~ticklock._sharing.LIVE` seconds old: until then it still owns its jobs, and
+their backups stand in for it a grace after each slot it leaves open (the planner's rule, see
+:mod:`._sharing`), not at the slot. What only PostgreSQL does (sessions, server-side timeouts,
+poolers) is not modelled here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
@@ -25,7 +28,7 @@ from ._errors import SlotAlreadyCommitted
 from ._fleet import Action, Fleet, Replica
 from ._job import Job, JobHealth, Outcome, RunResult, fingerprint
 from ._memory_fleet import MemoryFleet, Presence
-from ._sharing import Member
+from ._sharing import LIVE, Member
 
 if TYPE_CHECKING:
     import asyncpg
@@ -43,6 +46,8 @@ class _Live:
     started_at: datetime
     seen_at: datetime
     poked: anyio.Event
+    clock: Clock | None = None
+    """The replica's clock (``None``: a silent replica, which the test moves itself)."""
 
 
 class MemoryDatabase:
@@ -81,10 +86,14 @@ class MemoryDatabase:
     # -- faults --------------------------------------------------------------------------
 
     def freeze(self, owner: str) -> None:
-        """Stand for ``owner`` paused (SIGSTOP): it stays in the others' view, its calls to
-        the database wait until :meth:`thaw`, and the locks its runs hold are released, so
-        that their commits fail (its session was ended)."""
-        self._frozen.setdefault(owner, anyio.Event())
+        """Stand for ``owner`` paused (SIGSTOP): its calls to the database wait until
+        :meth:`thaw`, and the locks its runs hold are released, so that their commits fail
+        (its session was ended). It beats no more: it stays in the others' view until its
+        last beat (now) is :data:`~ticklock._sharing.LIVE` seconds old, and joins it again
+        when it thaws."""
+        if owner not in self._frozen:  # frozen again: its last beat stays the first freeze's
+            self._frozen[owner] = anyio.Event()
+            self._stopped(owner)
         for job_id, attempt in list(self._held.items()):
             if attempt.owner == owner:
                 attempt.lost = True
@@ -98,17 +107,49 @@ class MemoryDatabase:
         self.changed()
 
     def kill(self, owner: str) -> None:
-        """Stand for ``owner`` dead: it leaves the view at once, the locks its runs hold are
-        released, and each of its calls fails from now on."""
+        """Stand for ``owner`` dead (SIGKILL, OOM): the locks its runs hold are released and
+        each of its calls fails from now on. As on PostgreSQL, where its row stays, it stays
+        in the others' view until its last beat (now) is :data:`~ticklock._sharing.LIVE`
+        seconds old: until then its backups stand in for it a grace after each slot it
+        leaves open, not at the slot."""
         self._killed.add(owner)
         self.freeze(owner)
         self._frozen.pop(owner).set()  # its waiting calls fail now
-        self.depart(owner)
+
+    def _stopped(self, owner: str) -> None:
+        """``owner`` stopped beating: its last beat is now."""
+        live = self._live.get(owner)
+        if live is not None and live.clock is not None:
+            live.seen_at = live.clock.now()
+        self.changed()  # the others wait for it to go stale
+
+    def _stale_at(self) -> datetime | None:
+        """When the first frozen or killed replica of the view leaves it (its beat is
+        :data:`~ticklock._sharing.LIVE` seconds old), if any."""
+        stopped = self._frozen.keys() | self._killed
+        ats = [
+            live.seen_at
+            for owner, live in self._live.items()
+            if owner in stopped and live.clock is not None
+        ]
+        return min(ats) + timedelta(seconds=LIVE) if ats else None
+
+    def _expire(self, now: datetime) -> None:
+        """Take out of the view the frozen or killed replicas whose beat is stale at ``now``."""
+        stopped = self._frozen.keys() | self._killed
+        for owner, live in list(self._live.items()):
+            stale = live.seen_at + timedelta(seconds=LIVE) <= now
+            if owner in stopped and live.clock is not None and stale:
+                self.depart(owner)
 
     async def _gate(self, owner: str) -> None:
         event = self._frozen.get(owner)
         if event is not None:
-            await event.wait()
+            # as in a process stopped by SIGSTOP, where no timeout fires before SIGCONT: a
+            # call made while frozen goes on when it thaws (a tick's attempt, then, finds
+            # what the others did meanwhile), however long that took
+            with anyio.CancelScope(shield=True):
+                await event.wait()
         if owner in self._killed:
             raise ReplicaLost(f"replica {owner} was killed (MemoryDatabase.kill)")
 
@@ -281,6 +322,19 @@ class _MemoryAttempt:
         self.acquired = False
 
 
+async def _until(event: anyio.Event, clock: Clock, deadline: float) -> None:
+    """Wait until ``event`` is set or the ``clock`` reaches ``deadline`` (monotonic)."""
+    async with anyio.create_task_group() as tg:
+
+        async def sleep() -> None:
+            await clock.sleep_until(deadline)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(sleep)
+        await event.wait()
+        tg.cancel_scope.cancel()
+
+
 class MemoryCoordinator:
     """One replica's coordination through a :class:`MemoryDatabase`."""
 
@@ -341,8 +395,9 @@ class MemoryCoordinator:
             await db._gate(owner)
         except ReplicaLost:  # killed before it started: a dead replica never joins the view
             await anyio.sleep_forever()
-        now = self._clock.now()
-        live = _Live(declared, now, now, anyio.Event())
+        clock = self._clock
+        now = clock.now()
+        live = _Live(declared, now, now, anyio.Event(), clock)
         db._join(owner, live)
         try:
             while True:
@@ -350,17 +405,25 @@ class MemoryCoordinator:
                     await db._gate(owner)
                 except ReplicaLost:  # killed: a dead replica beats no more
                     await anyio.sleep_forever()
+                if db._live.get(owner) is not live:  # thawed after it went stale: back
+                    db._join(owner, live)
                 live.poked = anyio.Event()
-                live.seen_at = self._clock.now()
+                live.seen_at = now = clock.now()
+                db._expire(now)
                 apply(db.controls())
                 if db._live.keys() == {owner}:  # alone: no work to share, no ranking to keep
                     await members({}, {})
                 else:
                     await members(*db.view())
-                await live.poked.wait()
+                stale_at = db._stale_at()
+                if stale_at is None:
+                    await live.poked.wait()
+                else:  # a replica stopped beating: look again when it goes stale
+                    wait = max(0.0, (stale_at - clock.now()).total_seconds())
+                    await _until(live.poked, clock, clock.monotonic() + wait)
         finally:
-            if db._live.get(owner) is live:
-                db.depart(owner, self._clock.now())
+            if db._live.get(owner) is live and owner not in db._killed:  # the dead never leave
+                db.depart(owner, clock.now())
 
     def poke(self) -> None:
         """Something changed here (an operation, a job given up): every replica looks again."""

@@ -45,6 +45,10 @@ GRACE = 1.0
 STEP = 0.25
 """Seconds after the first look at an open slot before every backup still finding it open
 attempts it."""
+LIVE = 60.0
+"""Seconds after its last heartbeat before a replica leaves the others' view: one that died
+or is frozen stays in it (owning its jobs, whose backups stand in a grace after each slot it
+misses) until then."""
 LOOK_GRID = 0.25
 """Backups' looks are rounded up to this many seconds of the monotonic clock, so that the looks
 due close together are read in one statement."""

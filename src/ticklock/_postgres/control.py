@@ -48,7 +48,7 @@ import anyio
 from .._clock import Clock
 from .._coordination import Control, Declared, OnView
 from .._errors import DatabaseUnavailable
-from .._sharing import Member
+from .._sharing import LIVE, Member
 from .connection import connect
 from .schema import migrate
 
@@ -65,8 +65,6 @@ BEAT_SLOW = 15.0
 """Seconds between beats while a LISTEN connection is up."""
 BEAT_FAST = 3.0
 """Seconds between beats without one: the bound for a pause or trigger to be seen."""
-LIVE = 60.0
-"""A replica whose last beat is older than this is not live (a killed replica drops out)."""
 CONFIRM = 1.0
 """Seconds after a replica's first beat before its second, which makes it live for the others."""
 PRUNE = 600.0

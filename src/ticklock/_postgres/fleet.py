@@ -39,9 +39,9 @@ from .._fleet import (
 )
 from .._ledger import LIMIT
 from .._lock_key import lock_key
-from .._sharing import Member, owner_of
+from .._sharing import LIVE, Member, owner_of
 from .._validate import surrogate
-from .control import CHANNEL, LIVE, payload
+from .control import CHANNEL, payload
 from .ledger import LedgerReader
 from .schema import quote
 
