@@ -2,7 +2,8 @@
 
 Configured by environment variables: ``REPLICA_SCENARIO``, ``REPLICA_OWNER``,
 ``REPLICA_SCHEMA``, ``REPLICA_MARKER`` (a file touched when a handler holds its lock) and
-``REPLICA_SHIFT`` (seconds added to the wall clock, to bring a cron minute close).
+``REPLICA_SHIFT`` (seconds added to the wall clock, to bring a cron minute close), and for
+scenario "deploy" ``REPLICA_SIDE`` (the DSN of the connection each run records itself on).
 Every handler writes one row to ``<schema>.log`` (:data:`LOG_TABLE`) through ``ctx.conn``.
 """
 
@@ -155,4 +156,64 @@ elif SCENARIO == "batches":
             else:
                 await anyio.sleep(0.1)
             if len(ids) < 3:
+                break
+
+elif SCENARIO == "deploy":
+    # four jobs for a fleet of two releases; every run records when its handler ran through a
+    # connection of its own (REPLICA_SIDE: a DSN), so a run that rolls back is recorded too
+    import asyncpg
+
+    SIDE = os.environ.get("REPLICA_SIDE", "")
+
+    async def deployed(ctx: JobContext) -> None:
+        side = await asyncpg.connect(SIDE)
+        try:
+            started = await side.fetchval(
+                f"INSERT INTO {SCHEMA}.ran (job, slot, owner, started) "
+                "VALUES ($1, $2, $3, clock_timestamp()) RETURNING started",
+                ctx.job_id,
+                ctx.slot,
+                OWNER,
+            )
+            await anyio.sleep(0.3)
+            await log(ctx, started, note=OWNER)
+            await side.execute(
+                f"UPDATE {SCHEMA}.ran SET finished = clock_timestamp() "
+                "WHERE job = $1 AND owner = $2 AND started = $3",
+                ctx.job_id,
+                OWNER,
+                started,
+            )
+        finally:
+            await side.close()
+
+    for i in range(4):
+        scheduler.add(deployed, every(1), id=f"d{i}", timeout=0.8)
+
+elif SCENARIO == "frozen-batches":
+    # a sweep over <schema>.items, two per batch; A's handler switches off the server-side
+    # timeouts inside its third batch, then is frozen (the test SIGSTOPs it)
+    @scheduler.job(every(3), id="sweep", timeout=2.5)
+    async def frozen_sweep(ctx: JobContext) -> None:
+        async for batch in ctx.batches():
+            ids = await batch.db.fetch(
+                f"INSERT INTO {SCHEMA}.done SELECT id, $2, $3, clock_timestamp() "
+                f"FROM {SCHEMA}.items WHERE id > $1 ORDER BY id LIMIT 2 RETURNING id",
+                batch.cursor or 0,
+                OWNER,
+                batch.number,
+            )
+            if ids:
+                batch.cursor = ids[-1]["id"]
+            if OWNER == "A" and batch.number == 3:
+                for setting in (
+                    "transaction_timeout",
+                    "statement_timeout",
+                    "idle_in_transaction_session_timeout",
+                ):
+                    await batch.db.execute(f"SET LOCAL {setting} = 0")
+                await anyio.Path(MARKER).touch()
+                await anyio.sleep(30)  # the test SIGSTOPs this process here
+            await anyio.sleep(0.1)
+            if len(ids) < 2:
                 break
