@@ -191,21 +191,25 @@ elif SCENARIO == "deploy":
         scheduler.add(deployed, every(1), id=f"d{i}", timeout=0.8)
 
 elif SCENARIO == "frozen-batches":
-    # a sweep over <schema>.items, two per batch; A's handler switches off the server-side
-    # timeouts inside its third batch, then is frozen (the test SIGSTOPs it)
-    @scheduler.job(every(3), id="sweep", timeout=2.5)
+    # four batches a run, 0.7 s each; once the test creates the file "go" beside the
+    # markers, the first replica to reach a fourth batch switches off its server-side timeouts
+    # in there and is frozen (the test SIGSTOPs it)
+    GO = MARKER.parent / "go"
+    frozen = False
+
+    @scheduler.job(every(4), id="sweep", timeout=3.5, max_batches=4)
     async def frozen_sweep(ctx: JobContext) -> None:
+        global frozen, runs
+        runs += 1
         async for batch in ctx.batches():
-            ids = await batch.db.fetch(
-                f"INSERT INTO {SCHEMA}.done SELECT id, $2, $3, clock_timestamp() "
-                f"FROM {SCHEMA}.items WHERE id > $1 ORDER BY id LIMIT 2 RETURNING id",
-                batch.cursor or 0,
+            await batch.db.execute(
+                f"INSERT INTO {SCHEMA}.done VALUES ($1, $2, $3, clock_timestamp())",
+                runs,
                 OWNER,
                 batch.number,
             )
-            if ids:
-                batch.cursor = ids[-1]["id"]
-            if OWNER == "A" and batch.number == 3:
+            if batch.number == 4 and not frozen and GO.exists():
+                frozen = True
                 for setting in (
                     "transaction_timeout",
                     "statement_timeout",
@@ -214,6 +218,4 @@ elif SCENARIO == "frozen-batches":
                     await batch.db.execute(f"SET LOCAL {setting} = 0")
                 await anyio.Path(MARKER).touch()
                 await anyio.sleep(30)  # the test SIGSTOPs this process here
-            await anyio.sleep(0.1)
-            if len(ids) < 2:
-                break
+            await anyio.sleep(0.7)
