@@ -14,12 +14,20 @@ import anyio
 import pytest
 
 from helpers import TESTS, Replicas, eventually, run_log
-from ticklock import JobContext, Scheduler, every
+from ticklock import JobContext, Scheduler, every, lock_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 PREVIOUS = "122434f"
 """The previous release: it takes ``pg_try_advisory_xact_lock(lock_key(namespace, job_id))``."""
+
+
+def test_the_key_of_a_job_in_a_schema_is_stable_and_is_not_the_legacy_key() -> None:
+    key = lock_key("default", "purge-expired", schema="ticklock")
+    assert key == -2983258773544367682  # blake2b of "ticklock\0default\0purge-expired"
+    assert key != lock_key("default", "purge-expired")
+    assert key != lock_key("default", "purge-expired", schema="other")
+    assert lock_key("default", "purge-expired") == -5080253436944125446  # as every release
 
 
 async def test_two_schemas_with_the_same_job_neither_lock_nor_end_each_other(

@@ -10,10 +10,11 @@ skips takes 3; a refused slot takes 2, and its handler never starts. "The databa
 is measured from ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`), here and in the
 commit's and the failure record's checks.
 
-The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
-ROLLBACK or the end of the session, never by a timer, and it works through transaction-mode
-poolers. ``SET LOCAL`` timeouts make the server end the session of a holder that is paused
-(GC, SIGSTOP, VM suspend), which frees the lock and discards its writes.
+The locks are transaction-level (``pg_try_advisory_xact_lock``, see :func:`.sql.locks` for
+the three a tick takes): they are released by COMMIT, ROLLBACK or the end of the session, never
+by a timer, and they work through transaction-mode poolers. ``SET LOCAL`` timeouts make the
+server end the session of a holder that is paused (GC, SIGSTOP, VM suspend), which frees the
+locks and discards its writes.
 
 The coordinator composes the database's readiness (:mod:`.database`), the tick
 (:mod:`.tick`) and the replica's heartbeat (:mod:`.control`).
@@ -60,17 +61,19 @@ def _role(conn: asyncpg.Connection[Any]) -> str:
         return "the replicas' role"
 
 
-_REFUSED: dict[Holder, Callable[[str], tuple[str, str]]] = {
-    Holder.REFUSED: lambda role: (
+def _refusal(holder: Holder, role: str) -> tuple[str, str]:
+    """Why a holder past its deadline may not be ended, and the fix, for the WARNING."""
+    if holder is Holder.SUPERUSER:
+        return (
+            "it runs as a superuser, whose session only a superuser may end",
+            "Run the replicas as a role that is not a superuser",
+        )
+    return (
         f"this replica's role ({role}) may not end its session",
         f"GRANT pg_signal_backend TO {role} (or run every replica as one role)",
-    ),
-    Holder.SUPERUSER: lambda role: (
-        "it runs as a superuser, whose session only a superuser may end",
-        "Run the replicas as a role that is not a superuser",
-    ),
-}
-"""Why a holder past its deadline may not be ended, and the fix, for the WARNING."""
+    )
+
+
 _RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
 
 
@@ -268,7 +271,7 @@ class PostgresCoordinator:
                 "until it lets go. %s",
                 job_id,
                 SERVER_GRACE + STALE_GRACE,
-                *_REFUSED[holder](_role(conn)),
+                *_refusal(holder, _role(conn)),
                 extra={"job_id": job_id},
             )
         if holder is not Holder.ENDED:
