@@ -175,17 +175,21 @@ elif SCENARIO == "deploy":
                 ctx.slot,
                 OWNER,
             )
-            await anyio.sleep(0.3)
-            await log(ctx, started, note=OWNER)
-            await side.execute(
-                f"UPDATE {SCHEMA}.ran SET finished = clock_timestamp() "
-                "WHERE job = $1 AND owner = $2 AND started = $3",
-                ctx.job_id,
-                OWNER,
-                started,
-            )
+            try:
+                await anyio.sleep(0.3)
+                await log(ctx, started, note=OWNER)
+            finally:  # when the handler stopped, even cancelled: before its tick ends
+                with anyio.CancelScope(shield=True):
+                    await side.execute(
+                        f"UPDATE {SCHEMA}.ran SET finished = clock_timestamp() "
+                        "WHERE job = $1 AND owner = $2 AND started = $3",
+                        ctx.job_id,
+                        OWNER,
+                        started,
+                    )
         finally:
-            await side.close()
+            with anyio.CancelScope(shield=True):
+                await side.close()
 
     for i in range(4):
         scheduler.add(deployed, every(1), id=f"d{i}", timeout=0.8)
