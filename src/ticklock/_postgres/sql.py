@@ -303,13 +303,13 @@ transaction-level lock lasts as long as its transaction)."""
 def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) -> str:
     """The SQL expression that takes a tick's locks: ``key`` (the job's key in this
     installation, :func:`ticklock.lock_key` with its schema) exclusively, ``legacy`` (the key
-    without a schema, which releases before the schema's key take exclusively) in shared
-    mode, and the deadline lock (:data:`DEADLINE_TAG`): the transaction's start plus
-    ``limit_ms`` (its server-side bound) and ``grace_ms``, in whole seconds (rounded down, so
-    never more than ``grace_ms`` past the bound). ``wait``: wait for the locks
-    (``pg_advisory_xact_lock``, bounded by the transaction's ``lock_timeout``) and return
-    them, else try them and return whether the job's were taken (the deadline lock is
-    taken only then). The keys are ints: safe to inline."""
+    without a schema, which earlier releases take exclusively) in shared mode, and the
+    deadline lock (:data:`DEADLINE_TAG`): the transaction's start plus ``limit_ms`` (its
+    server-side bound) and ``grace_ms``, in whole seconds (rounded down, so never more than
+    ``grace_ms`` past the bound). ``wait``: wait for the locks (``pg_advisory_xact_lock``,
+    bounded by the transaction's ``lock_timeout``) and return them, else try them and return
+    whether the job's were taken (the deadline lock is taken only then). The keys are ints:
+    safe to inline."""
     deadline = f"floor(extract(epoch FROM now()) + {(limit_ms + grace_ms) / 1000!r})::int8"
     dated = f"(({deadline} + 2147483648) % 4294967296 - 2147483648)::int4"
     if wait:
