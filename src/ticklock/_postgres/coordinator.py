@@ -334,7 +334,9 @@ class PostgresCoordinator:
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
         """The fleet state of ``job_ids`` in one statement, and those whose lock is held,
-        without taking the locks."""
+        without taking the locks. A tick past its deadline (its handler switched the
+        server-side timeouts off, and it is frozen or stuck) does not count as holding it: an
+        attempt now would end its session."""
         if not self.db.ready:
             await self.db.reconnect()
         try:

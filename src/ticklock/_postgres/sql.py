@@ -86,12 +86,20 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
             "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text"
         )
         self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
-        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys)
+        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys); a
+        # tick past its deadline (see locks()) does not count: an attempt would end it
         self.read = f"""
-WITH held AS MATERIALIZED (
-    SELECT classid::int8 AS high, objid::int8 AS low FROM pg_locks
-    WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+WITH advisory AS MATERIALIZED (
+    SELECT pid, classid::int8 AS high, objid::int8 AS low, objsubid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted
         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), deadline AS (
+    SELECT pid, min(low) AS until FROM advisory
+    WHERE objsubid = 2 AND high = {DEADLINE_TAG} GROUP BY pid
+), held AS MATERIALIZED (
+    SELECT a.high, a.low FROM advisory AS a LEFT JOIN deadline AS d ON d.pid = a.pid
+    WHERE a.objsubid = 1
+        AND (d.until IS NULL OR d.until >= extract(epoch FROM clock_timestamp()))
 )
 SELECT v.id AS job_id, {", ".join("j." + c for c in columns.split(", "))},
     EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
