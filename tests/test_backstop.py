@@ -58,7 +58,10 @@ async def _frozen_holder(fleet: Replicas, pg_conn: Any, role: str) -> tuple[int,
     a.send_signal(signal.SIGSTOP)
     paused_at = datetime.now(timezone.utc)
     pid = await pg_conn.fetchval(
-        "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE 'SET LOCAL %'", role
+        "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND application_name = $2 "
+        "AND query LIKE 'SET LOCAL %'",
+        role,
+        fleet.schema,
     )
     assert pid is not None, "replica A was not stopped inside its handler"
     return pid, paused_at
@@ -91,17 +94,30 @@ async def test_a_replica_of_another_role_with_pg_signal_backend_ends_a_frozen_ho
     assert a_rows == 0, "the frozen holder's writes must never appear"
 
 
+@pytest.mark.parametrize("superuser", [False, True], ids=["without the grant", "a superuser's"])
 async def test_a_replica_that_may_not_end_a_frozen_holder_says_so_once_naming_the_grant(
-    fleet: Replicas, pg_conn: Any, roles: tuple[str, str]
+    fleet: Replicas, pg_conn: Any, roles: tuple[str, str], superuser: bool
 ) -> None:
+    # B (role r2) may not end A's session: r2 has no pg_signal_backend, or A runs as a
+    # superuser (the test server's own role), which pg_signal_backend does not reach
     r1, r2 = roles
     s = fleet.schema
-    pid, _ = await _frozen_holder(fleet, pg_conn, r1)
+    if superuser:
+        await pg_conn.execute(f"GRANT pg_signal_backend TO {r2}")
+        holder = await pg_conn.fetchval("SELECT current_user")
+        assert await pg_conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = $1", holder)
+        warning = (
+            "it runs as a superuser, whose session only a superuser may end: no replica can run "
+            "the job until it lets go. Run the replicas as a role that is not a superuser"
+        )
+    else:
+        holder = r1
+        warning = (
+            f"this replica's role ({r2}) may not end its session: no replica can run the job "
+            f"until it lets go. GRANT pg_signal_backend TO {r2}"
+        )
+    pid, _ = await _frozen_holder(fleet, pg_conn, holder)
     fleet.start("B", "unbounded", dsn=as_role(fleet.dsn, r2))
-    warning = (
-        f"this replica's role ({r2}) may not end its session: no replica can run the job "
-        f"until it lets go. GRANT pg_signal_backend TO {r2}"
-    )
 
     async def warned() -> bool:
         return warning in fleet.output("B")
