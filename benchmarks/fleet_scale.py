@@ -361,7 +361,8 @@ async def ticks_in_flight(admin: asyncpg.Connection[Any], owner: str) -> int:
     return int(
         await admin.fetchval(
             "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.granted",
+            "WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.granted "
+            "AND l.objsubid = 1 AND l.mode = 'ExclusiveLock'",  # a tick's one exclusive lock
             owner,
         )
     )

@@ -2,7 +2,8 @@
 
 Configured by environment variables: ``REPLICA_SCENARIO``, ``REPLICA_OWNER``,
 ``REPLICA_SCHEMA``, ``REPLICA_MARKER`` (a file touched when a handler holds its lock) and
-``REPLICA_SHIFT`` (seconds added to the wall clock, to bring a cron minute close).
+``REPLICA_SHIFT`` (seconds added to the wall clock, to bring a cron minute close), and for
+scenario "deploy" ``REPLICA_SIDE`` (the DSN of the connection each run records itself on).
 Every handler writes one row to ``<schema>.log`` (:data:`LOG_TABLE`) through ``ctx.conn``.
 """
 
@@ -172,3 +173,69 @@ elif SCENARIO == "batches":
                 await anyio.sleep(0.1)
             if len(ids) < 3:
                 break
+
+elif SCENARIO == "deploy":
+    # four jobs for a fleet of two releases; every run records when its handler ran through a
+    # connection of its own (REPLICA_SIDE: a DSN), so a run that rolls back is recorded too
+    import asyncpg
+
+    SIDE = os.environ.get("REPLICA_SIDE", "")
+
+    async def deployed(ctx: JobContext) -> None:
+        side = await asyncpg.connect(SIDE)
+        try:
+            started = await side.fetchval(
+                f"INSERT INTO {SCHEMA}.ran (job, slot, owner, started) "
+                "VALUES ($1, $2, $3, clock_timestamp()) RETURNING started",
+                ctx.job_id,
+                ctx.slot,
+                OWNER,
+            )
+            try:
+                await anyio.sleep(0.3)
+                await log(ctx, started, note=OWNER)
+            finally:  # when the handler stopped, even cancelled: before its tick ends
+                with anyio.CancelScope(shield=True):
+                    await side.execute(
+                        f"UPDATE {SCHEMA}.ran SET finished = clock_timestamp() "
+                        "WHERE job = $1 AND owner = $2 AND started = $3",
+                        ctx.job_id,
+                        OWNER,
+                        started,
+                    )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await side.close()
+
+    for i in range(4):
+        scheduler.add(deployed, every(1), id=f"d{i}", timeout=0.8)
+
+elif SCENARIO == "frozen-batches":
+    # four batches a run, 0.7 s each; once the test creates the file "go" beside the
+    # markers, the first replica to reach a fourth batch switches off its server-side timeouts
+    # in there and is frozen (the test SIGSTOPs it)
+    GO = MARKER.parent / "go"
+    frozen = False
+
+    @scheduler.job(every(4), id="sweep", timeout=3.5, max_batches=4)
+    async def frozen_sweep(ctx: JobContext) -> None:
+        global frozen, runs
+        runs += 1
+        async for batch in ctx.batches():
+            await batch.db.execute(
+                f"INSERT INTO {SCHEMA}.done VALUES ($1, $2, $3, clock_timestamp())",
+                runs,
+                OWNER,
+                batch.number,
+            )
+            if batch.number == 4 and not frozen and GO.exists():
+                frozen = True
+                for setting in (
+                    "transaction_timeout",
+                    "statement_timeout",
+                    "idle_in_transaction_session_timeout",
+                ):
+                    await batch.db.execute(f"SET LOCAL {setting} = 0")
+                await anyio.Path(MARKER).touch()
+                await anyio.sleep(30)  # the test SIGSTOPs this process here
+            await anyio.sleep(0.7)

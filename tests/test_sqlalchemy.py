@@ -26,7 +26,10 @@ from ticklock.testing import run_job
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 HOURLY = every(3600, initial_delay=3000)  # runs only when run_now() asks
-HELD = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+HELD = (  # the job's lock in its schema: the one advisory lock a tick holds exclusively
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+    "AND objsubid = 1 AND mode = 'ExclusiveLock'"
+)
 
 
 async def notes(pg_conn: Any, table: str) -> list[str]:

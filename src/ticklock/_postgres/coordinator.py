@@ -4,16 +4,17 @@ Round trips of a tick that runs: (1) ``BEGIN; SET LOCAL ...; refuse a slot in th
 future, else try the lock`` in one simple query, (2) read the fleet state (a fresh snapshot,
 taken after the lock), then the handler, (3) the watermark + success + run record in one
 statement, (4) ``COMMIT`` (see :mod:`.tick`). A tick that finds the lock held takes 2 (the
-first, and ``ROLLBACK`` with a look at the holder: one past its bound plus
-:data:`STALE_GRACE` has its session ended, and the lock is tried again); one that skips takes
-3; a refused slot takes 2, and its handler never starts. "The database's future" is measured
-from ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`), here and in the commit's
-and the failure record's checks.
+first, and ``ROLLBACK`` with a look at the holder: a tick past its deadline, its bound
+plus :data:`~.tick.STALE_GRACE`, has its session ended, and the lock is tried again); one that
+skips takes 3; a refused slot takes 2, and its handler never starts. "The database's future"
+is measured from ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`), here and in the
+commit's and the failure record's checks.
 
-The lock is transaction-level (``pg_try_advisory_xact_lock``): it is released by COMMIT,
-ROLLBACK or the end of the session, never by a timer, and it works through transaction-mode
-poolers. ``SET LOCAL`` timeouts make the server end the session of a holder that is paused
-(GC, SIGSTOP, VM suspend), which frees the lock and discards its writes.
+The locks are transaction-level (``pg_try_advisory_xact_lock``, see :func:`.sql.locks` for
+the three a tick takes): they are released by COMMIT, ROLLBACK or the end of the session, never
+by a timer, and they work through transaction-mode poolers. ``SET LOCAL`` timeouts make the
+server end the session of a holder that is paused (GC, SIGSTOP, VM suspend), which frees the
+locks and discards its writes.
 
 The coordinator composes the database's readiness (:mod:`.database`), the tick
 (:mod:`.tick`) and the replica's heartbeat (:mod:`.control`).
@@ -42,16 +43,37 @@ from .control import Watch
 from .database import Database
 from .fleet import PostgresFleet, from_pool
 from .sql import Begun, Holder, begin, end_stale_holder
-from .tick import Tick, limit_ms, storable
+from .tick import SERVER_GRACE, STALE_GRACE, Tick, limit_ms, storable
 
 if TYPE_CHECKING:
     import asyncpg
 
 logger = logging.getLogger("ticklock")
 
-STALE_GRACE = 1.0
-"""Seconds past a holder's server-side bound after which another replica ends its session:
-what bounds a frozen holder whose handler switched the server-side timeouts off."""
+GRACE_MS = int(STALE_GRACE * 1000)
+
+
+def _role(conn: asyncpg.Connection[Any]) -> str:
+    """The role this replica's sessions run as (as the server reported it)."""
+    try:
+        return str(conn.get_settings().session_authorization)
+    except AttributeError:
+        return "the replicas' role"
+
+
+def _refusal(holder: Holder, role: str) -> tuple[str, str]:
+    """Why a holder past its deadline may not be ended, and the fix, for the WARNING."""
+    if holder is Holder.SUPERUSER:
+        return (
+            "it runs as a superuser, whose session only a superuser may end",
+            "Run the replicas as a role that is not a superuser",
+        )
+    return (
+        f"this replica's role ({role}) may not end its session",
+        f"GRANT pg_signal_backend TO {role} (or run every replica as one role)",
+    )
+
+
 _RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
 
 
@@ -90,7 +112,7 @@ class PostgresCoordinator:
         self.db = db
         self.namespace = db.namespace
         self.schema = db.schema
-        self._refused_warned = False  # a stale holder this role may not end: said once
+        self._refused: set[Holder] = set()  # why a stale holder may not be ended: said once
         self._watch: Watch | None = None
 
     @property
@@ -215,11 +237,13 @@ class PostgresCoordinator:
         return states
 
     async def _begin(
-        self, conn: asyncpg.Connection[Any], key: int, budget: float, at: datetime
+        self, conn: asyncpg.Connection[Any], job_id: str, budget: float, at: datetime
     ) -> Begun:
         statement = begin(
-            key,
+            lock_key(self.namespace, job_id, schema=self.schema),
+            lock_key(self.namespace, job_id),
             limit_ms(budget),
+            GRACE_MS,
             transaction_timeout=self.db.transaction_timeout,
             at=at,
             anchor=self.db.anchor(),
@@ -227,43 +251,39 @@ class PostgresCoordinator:
         status = await conn.execute(statement)
         return Begun(int(status.rsplit(" ", 1)[1]))
 
-    async def _take_over(
-        self, attempt: Tick, key: int, job_id: str, budget: float, at: datetime
-    ) -> Begun:
-        """The lock is held: roll back, and end the holder's session if it is past its bound
-        by :data:`STALE_GRACE` (a frozen replica whose handler switched the server-side
-        timeouts off), then try once more. The common path (the lock taken) never pays this."""
+    async def _take_over(self, attempt: Tick, job_id: str, budget: float, at: datetime) -> Begun:
+        """The lock is held: roll back, and end the holder's session if it is a tick past its
+        deadline (a frozen replica whose handler switched the server-side timeouts off), then
+        try once more. The common path (the lock taken) never pays this."""
         assert attempt.con is not None
         conn = attempt.con
-        stale_ms = limit_ms(budget) + int(STALE_GRACE * 1000)
-        status = await conn.execute(
-            "ROLLBACK; " + end_stale_holder(key, stale_ms, self.db.terminate_wait)
-        )
+        key = lock_key(self.namespace, job_id, schema=self.schema)
+        status = await conn.execute("ROLLBACK; " + end_stale_holder(key, self.db.terminate_wait))
         attempt.open = False
         holder = Holder(int(status.rsplit(" ", 1)[1]))
-        if holder is Holder.REFUSED and not self._refused_warned:
-            self._refused_warned = True
+        if holder in (Holder.REFUSED, Holder.SUPERUSER) and holder not in self._refused:
+            self._refused.add(holder)  # said once per cause
             logger.warning(
-                "%s: the replica holding the lock has held it for more than %.1f s, past its "
-                "server-side timeouts, and this role may not end its session: no replica can "
-                "run the job until it lets go. Run the replicas as one role, or GRANT "
-                "pg_signal_backend to this one",
+                "%s: the replica holding the lock is past its deadline (its tick began more "
+                "than its timeout + %.0f s ago: its handler switched off the server-side "
+                "timeouts, and it is frozen or stuck), and %s: no replica can run the job "
+                "until it lets go. %s",
                 job_id,
-                stale_ms / 1000,
+                SERVER_GRACE + STALE_GRACE,
+                *_refusal(holder, _role(conn)),
                 extra={"job_id": job_id},
             )
         if holder is not Holder.ENDED:
             return Begun.HELD
         logger.warning(
-            "%s: ended the session of the replica holding the lock for more than %.1f s (its "
+            "%s: ended the session of the replica holding the lock past its deadline (its "
             "handler had switched off the server-side timeouts, and it is frozen or stuck): "
             "its writes are rolled back, and this replica runs the job",
             job_id,
-            stale_ms / 1000,
             extra={"job_id": job_id},
         )
         attempt.open = True
-        return await self._begin(conn, key, budget, at)
+        return await self._begin(conn, job_id, budget, at)
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> Tick:
         """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
@@ -278,12 +298,11 @@ class PostgresCoordinator:
                 self.db.down(exc)
             raise
         attempt = Tick(self.db, job_id, conn, limit_ms(budget))
-        key = lock_key(self.namespace, job_id)
         try:
-            begun = await self._begin(conn, key, budget, at)
+            begun = await self._begin(conn, job_id, budget, at)
             self.db.up()
             if begun is Begun.HELD:
-                begun = await self._take_over(attempt, key, job_id, budget, at)
+                begun = await self._take_over(attempt, job_id, budget, at)
             if begun is Begun.AHEAD:
                 raise self._ahead(at)
             if begun is not Begun.ACQUIRED:
@@ -314,13 +333,15 @@ class PostgresCoordinator:
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
         """The fleet state of ``job_ids`` in one statement, and those whose lock is held,
-        without taking the locks."""
+        without taking the locks. A tick past its deadline (its handler switched the
+        server-side timeouts off, and it is frozen or stuck) does not count as holding it: an
+        attempt now would end its session."""
         if not self.db.ready:
             await self.db.reconnect()
         try:
             async with self.db.connection() as conn:
                 ids = list(job_ids)
-                keys = [lock_key(self.namespace, job_id) for job_id in ids]
+                keys = [lock_key(self.namespace, job_id, schema=self.schema) for job_id in ids]
                 rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys)
         except Exception as exc:
             if self.db.classify(exc):

@@ -78,6 +78,7 @@ class PostgresFleet:
     def __init__(self, acquire: Acquire, *, schema: str, namespace: str) -> None:
         self._acquire = acquire
         self.namespace = namespace
+        self.schema = schema
         self._payload = payload(schema, namespace)
         s = quote(schema)
         recent = f"seen_at > now() - make_interval(secs => {LIVE:g})"
@@ -326,7 +327,12 @@ ORDER BY job_id"""
                     f"a live replica declares job {job_id!r}: remove it from the code and "
                     f"deploy first (a replica that stopped drops out after {LIVE:g} s)"
                 )
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(self.namespace, job_id))
+            # the job's locks as a tick takes them (see .sql.locks): no run of it is in flight
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1), pg_advisory_xact_lock_shared($2)",
+                lock_key(self.namespace, job_id, schema=self.schema),
+                lock_key(self.namespace, job_id),
+            )
             if not await conn.fetchval(self._forget, self.namespace, job_id):
                 raise self._unknown(job_id)
             await conn.execute(self._audit, self.namespace, job_id, "forget", who, note, True)

@@ -87,12 +87,20 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
             "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text"
         )
         self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
-        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys)
+        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys); a
+        # tick past its deadline (see locks()) does not count: an attempt would end it
         self.read = f"""
-WITH held AS MATERIALIZED (
-    SELECT classid::int8 AS high, objid::int8 AS low FROM pg_locks
-    WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+WITH advisory AS MATERIALIZED (
+    SELECT pid, classid::int8 AS high, objid::int8 AS low, objsubid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted
         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), deadline AS (
+    SELECT pid, min(low) AS until FROM advisory
+    WHERE objsubid = 2 AND high = {DEADLINE_TAG} GROUP BY pid
+), held AS MATERIALIZED (
+    SELECT a.high, a.low FROM advisory AS a LEFT JOIN deadline AS d ON d.pid = a.pid
+    WHERE a.objsubid = 1
+        AND (d.until IS NULL OR d.until >= extract(epoch FROM clock_timestamp()))
 )
 SELECT v.id AS job_id, {", ".join("j." + c for c in columns.split(", "))},
     EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
@@ -284,11 +292,46 @@ class Holder(enum.IntEnum):
     """What :func:`end_stale_holder` did, as the row count of its status tag."""
 
     LIVE = 0
-    """No holder past its bound (or none at all any more)."""
+    """No ticklock holder past its deadline (or none at all any more)."""
     ENDED = 1
-    """The holder was past its bound: its session was ended."""
+    """The holder was past its deadline: its session was ended."""
     REFUSED = 2
-    """The holder is past its bound, and this role may not end its session."""
+    """The holder is past its deadline, and this role may not end its session: it is not a
+    member of the holder's role, nor of ``pg_signal_backend``."""
+    SUPERUSER = 3
+    """The holder is past its deadline and runs as a superuser, which only a superuser may
+    end."""
+
+
+DEADLINE_TAG = 1528065506
+"""The first key of the lock that dates a tick's transaction: ``pg_advisory_xact_lock_shared(
+DEADLINE_TAG, deadline)``, ``deadline`` the instant (unix seconds, as an unsigned 32-bit
+value) after which the holder is past its server-side bound and another replica may end its
+session. ``pg_locks`` shows it to every role, and a handler cannot release it (a
+transaction-level lock lasts as long as its transaction)."""
+
+
+def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) -> str:
+    """The SQL expression that takes a tick's locks: ``key`` (the job's key in this
+    installation, :func:`ticklock.lock_key` with its schema) exclusively, ``legacy`` (the key
+    without a schema, which earlier releases take exclusively) in shared mode, and the
+    deadline lock (:data:`DEADLINE_TAG`): the transaction's start plus ``limit_ms`` (its
+    server-side bound) and ``grace_ms``, in whole seconds (rounded down, so never more than
+    ``grace_ms`` past the bound). ``wait``: wait for the locks (``pg_advisory_xact_lock``,
+    bounded by the transaction's ``lock_timeout``) and return them, else try them and return
+    whether the job's were taken (the deadline lock is taken only then). The keys are ints:
+    safe to inline."""
+    deadline = f"floor(extract(epoch FROM now()) + {(limit_ms + grace_ms) / 1000!r})::int8"
+    dated = f"(({deadline} + 2147483648) % 4294967296 - 2147483648)::int4"
+    if wait:
+        return (
+            f"pg_advisory_xact_lock({key}), pg_advisory_xact_lock_shared({legacy}), "
+            f"pg_advisory_xact_lock_shared({DEADLINE_TAG}, {dated})"
+        )
+    return (
+        f"pg_try_advisory_xact_lock({key}) AND pg_try_advisory_xact_lock_shared({legacy}) "
+        f"AND pg_try_advisory_xact_lock_shared({DEADLINE_TAG}, {dated}) IS NOT NULL"
+    )
 
 
 def _bounded(limit: str) -> str:
@@ -303,10 +346,13 @@ def _bounded(limit: str) -> str:
     )
 
 
-def begin_batch(key: int, limit_ms: int, *, transaction_timeout: bool) -> str:
+def begin_batch(
+    key: int, legacy: int, limit_ms: int, grace_ms: int, *, transaction_timeout: bool
+) -> str:
     """A later batch's first query: BEGIN, the server-side timeouts from what is left of the
-    run's budget, and the job's lock, waited for up to :data:`BATCH_LOCK_WAIT_MS` (a rival's
-    attempt holds it a moment to read the job's state, and finds it held between batches)."""
+    run's budget, and the job's locks (see :func:`locks`), waited for up to
+    :data:`BATCH_LOCK_WAIT_MS` (a rival's attempt holds them a moment to read the job's state,
+    and finds the job held between batches)."""
     if transaction_timeout:
         limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
     else:
@@ -315,7 +361,8 @@ def begin_batch(key: int, limit_ms: int, *, transaction_timeout: bool) -> str:
             f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
         )
     wait = min(limit_ms, BATCH_LOCK_WAIT_MS)
-    return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT pg_advisory_xact_lock({key})"
+    taken = locks(key, legacy, limit_ms, grace_ms, wait=True)
+    return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT {taken}"
 
 
 BATCH_LOCK_WAIT_MS = 5000
@@ -330,12 +377,19 @@ def timestamp(value: datetime) -> str:
 
 
 def begin(
-    key: int, limit_ms: int, *, transaction_timeout: bool, at: datetime, anchor: datetime | None
+    key: int,
+    legacy: int,
+    limit_ms: int,
+    grace_ms: int,
+    *,
+    transaction_timeout: bool,
+    at: datetime,
+    anchor: datetime | None,
 ) -> str:
     """A tick's first query: BEGIN, the server-side timeouts (``transaction_timeout`` on
     PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), the
-    future check and the lock. Its status tag is a :class:`Begun` (a held lock raises no
-    error, so the server logs nothing).
+    future check and the locks (see :func:`locks`). Its status tag is a :class:`Begun` (a held
+    lock raises no error, so the server logs nothing).
 
     ``at`` (the slot, or the tick's start if later) more than ``FUTURE_LIMIT`` seconds beyond
     ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`) is refused before the lock is
@@ -350,45 +404,55 @@ def begin(
             f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
         )
     reference = "clock_timestamp()" if anchor is None else f"{timestamp(anchor)}, clock_timestamp()"
+    taken = locks(key, legacy, limit_ms, grace_ms, wait=False)
     # OFFSET 0: the check is evaluated once, and before the lock is tried
     return (
         f"BEGIN; {limits}SELECT 1 FROM (SELECT {timestamp(at)} > greatest({reference}) + "
         f"interval '{FUTURE_LIMIT:g} s' AS ahead OFFSET 0) AS c, generate_series(1, CASE "
-        f"WHEN c.ahead THEN {Begun.AHEAD:d} WHEN pg_try_advisory_xact_lock({key}) "
+        f"WHEN c.ahead THEN {Begun.AHEAD:d} WHEN {taken} "
         f"THEN {Begun.ACQUIRED:d} ELSE {Begun.HELD:d} END)"
     )
 
 
-def end_stale_holder(key: int, stale_ms: int, wait_ms: int | None) -> str:
-    """End the session of the holder of lock ``key`` if its transaction began more than
-    ``stale_ms`` ago (its server-side bound, which its handler can switch off, plus a grace),
-    waiting up to ``wait_ms`` for it to go (``None``: PostgreSQL before 14, no wait). Its
-    status tag is a :class:`Holder`.
+def end_stale_holder(key: int, wait_ms: int | None) -> str:
+    """End the session of the holder of lock ``key`` (the job's key in this installation) if
+    it is a tick of ticklock's past its deadline, waiting up to ``wait_ms`` for it to go
+    (``None``: PostgreSQL before 14, no wait). Its status tag is a :class:`Holder`.
 
-    Only a session this role may end is ended, by the server's own rule (a member of the
-    holder's role or of ``pg_signal_backend``; a superuser for a superuser's session), so the
-    statement never fails on privileges. The holder is found through ``pg_locks``: an advisory
-    lock on an int8 key has the key's high and low 32 bits as ``classid`` and ``objid``, and
-    ``objsubid`` 1; ``pg_stat_activity.xact_start`` dates its transaction (a role sees it only
-    for sessions of roles it is a member of, or with ``pg_read_all_stats``).
+    Everything the judge reads is visible to every role: the holder is found through
+    ``pg_locks`` (an advisory lock on an int8 key has the key's high and low 32 bits as
+    ``classid`` and ``objid``, and ``objsubid`` 1), its deadline is the second key of the
+    deadline lock it holds (:data:`DEADLINE_TAG`, ``objsubid`` 2; the earliest, should there be
+    more), and its role is ``pg_stat_activity.usesysid`` (``xact_start`` and ``state`` are
+    hidden from other roles without ``pg_read_all_stats``; the session's user is not). A
+    session that holds the key without a deadline lock is not a ticklock tick: never ended.
+    Only a session this role may end is ended, by the server's own rule (a role with the
+    privileges of the holder's role or of ``pg_signal_backend``; a superuser for a superuser's
+    session), so the statement never fails on privileges.
     """
     hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
     end = f"pg_terminate_backend(s.pid, {wait_ms})" if wait_ms else "pg_terminate_backend(s.pid)"
-    may = (
-        "(pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE')) "
-        "AND (NOT r.rolsuper OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user))"
-    )
+    here = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+    superuser = "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    signal = "(pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))"
     # OFFSET 0: each holder is judged, then ended, once
     return f"""SELECT 1 FROM generate_series(1, (
     SELECT CASE WHEN bool_or(h.ended) THEN {Holder.ENDED:d}
-        WHEN count(*) > 0 AND NOT bool_or(h.may) THEN {Holder.REFUSED:d} ELSE {Holder.LIVE:d} END
-    FROM (SELECT s.may, CASE WHEN s.may THEN {end} ELSE false END AS ended
-        FROM (SELECT k.pid, {may} AS may
+        WHEN bool_or(h.superuser) THEN {Holder.SUPERUSER:d}
+        WHEN count(*) > 0 AND NOT bool_or(h.may) THEN {Holder.REFUSED:d}
+        ELSE {Holder.LIVE:d} END
+    FROM (SELECT s.may, s.superuser, CASE WHEN s.may THEN {end} ELSE false END AS ended
+        FROM (SELECT k.pid, r.rolsuper AND NOT {superuser} AS superuser,
+                {signal} AND (NOT r.rolsuper OR {superuser}) AS may
             FROM pg_locks AS k JOIN pg_stat_activity AS a ON a.pid = k.pid
             JOIN pg_roles AS r ON r.oid = a.usesysid
             WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                 AND k.classid = {hi} AND k.objid = {lo} AND k.pid <> pg_backend_pid()
-                AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND a.xact_start < clock_timestamp() - interval '{stale_ms} ms'
+                AND k.database = {here}
+                AND extract(epoch FROM clock_timestamp()) > (
+                    SELECT min(m.objid::int8) FROM pg_locks AS m
+                    WHERE m.pid = k.pid AND m.locktype = 'advisory' AND m.granted
+                        AND m.objsubid = 2 AND m.classid = {DEADLINE_TAG}
+                        AND m.database = {here})
             OFFSET 0) AS s
         OFFSET 0) AS h))"""

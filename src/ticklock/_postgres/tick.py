@@ -51,6 +51,10 @@ HOLD_GRACE = 1.0
 """Seconds a batched run's hold between its batches lasts past its server-side bound: from
 the tick's start on the database's clock, the job's timeout plus :data:`SERVER_GRACE` plus
 this. No batch of the run commits after it; another replica may take the job over then."""
+STALE_GRACE = 1.0
+"""Seconds past a holder's server-side bound after which another replica may end its session:
+its deadline, which each of its transactions records in a lock (see :func:`.sql.locks`). What
+bounds a frozen holder whose handler switched the server-side timeouts off."""
 
 
 class Tick:
@@ -143,8 +147,10 @@ class Tick:
         self._limit_ms = limit_ms(budget)
         self.open = True  # from BEGIN on, until a COMMIT or ROLLBACK of ours
         statement = begin_batch(
+            lock_key(c.namespace, self._job_id, schema=c.schema),
             lock_key(c.namespace, self._job_id),
             self._limit_ms,
+            int(STALE_GRACE * 1000),
             transaction_timeout=c.transaction_timeout,
         )
         try:
