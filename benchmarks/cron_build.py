@@ -114,7 +114,7 @@ def child(schedules: int, budget: float) -> dict[str, Any]:
     cron("0 0 * * *")  # once per process: the imports and tables a first trigger builds
 
     def median_us(build: Any, cold: bool) -> float:
-        times = []
+        times: list[float] = []
         deadline = time.perf_counter() + budget
         while len(times) < 200 and (len(times) < 5 or time.perf_counter() < deadline):
             if cold:
