@@ -558,6 +558,22 @@ def test_building_a_cron_walks_no_fires(monkeypatch: pytest.MonkeyPatch) -> None
         cron("0 0 31 2 *", tz="Pacific/Apia")
 
 
+def test_no_two_matching_days_are_further_apart_than_the_search_goes() -> None:
+    """Every expression's matching days are a union of (month, day, weekday) triples (and
+    the either-day rule adds a weekday in every week): no triple's gap exceeds 40 years."""
+    seen: dict[tuple[int, int, int], int] = {}
+    longest = 0
+    for day in _calendar():
+        key = (day.month, day.day, day.isoweekday())
+        if key in seen:
+            longest = max(longest, day.year - seen[key])
+        seen[key] = day.year
+    assert longest == 40  # 29 February on a Sunday: 2088, then 2128
+    trigger = cron("0 0 29 2 */7")
+    assert trigger.next_fire(z("2088-02-29T00:00Z")) == z("2128-02-29T00:00Z")
+    assert trigger.next_fire(z("2001-01-01T00:00Z")) == z("2004-02-29T00:00Z")
+
+
 # -- property test against an independent brute force -----------------------------------
 
 TRANSITIONS = {

@@ -1,4 +1,5 @@
-"""Five-field Vixie cron: parsing, matching in naive local wall time, and the DST rule.
+"""Five-field Vixie cron: parsing, matching in naive local wall time, the DST rule, and the
+shortest gap between fires.
 
 Each matching wall time maps to UTC with :mod:`zoneinfo` by the Vixie/ISC cron rule (as in
 cronie): a repeated wall time (fall back) fires at every occurrence for *wildcard* expressions
@@ -49,8 +50,10 @@ _STEADY = timedelta(
     days=2
 )  # no zone has two transitions this close: one offset, checked at both ends
 _LAST_MINUTE = datetime(9999, 12, 31, 23, 59)  # the last wall time a datetime holds
-# A schedule that finds no fire in a full 28-year calendar cycle never fires.
-_HORIZON_YEARS = 29
+# The longest gap between two matching days is 40 years (29 February on one weekday, across
+# a century year that is not leap: 2088 to 2128), so a search that finds no fire in 41 years
+# has reached the end of the calendar (a trigger that never fires is refused when built).
+_HORIZON_YEARS = 41
 # Fields are printable ASCII, separated by spaces or tabs (as in a crontab line). Anything
 # else is refused rather than read: str.split() would take a no-break space, a newline or
 # another Unicode space for a separator, and an expression that looks like one schedule
