@@ -193,7 +193,7 @@ class CronSpec:
             t = self.next_naive(t + _MINUTE) if t < _LAST_MINUTE else None
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _parse(expr: str) -> CronSpec:
     """:meth:`CronSpec.parse` of a string, one shared spec per expression."""
     _check_characters(expr)
@@ -370,7 +370,7 @@ def _gregorian() -> tuple[tuple[int, ...], tuple[int, ...], frozenset[tuple[int,
 _CYCLE_DAYS = 146097  # the days of a Gregorian cycle
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _day_gap(
     days: frozenset[int], months: frozenset[int], weekdays: frozenset[int], day_or: bool
 ) -> int | None:
@@ -409,7 +409,8 @@ def _day_gap(
     )
     for mask in set(masks):
         best = _closest(mask, best)
-    if best > 365:  # under a match a year: gaps over empty years may be shorter
+    # a gap over a year with no match is 366 days at least: only then may one be the shortest
+    if best > 365:
         years = [year for year, kind in enumerate(kinds) if masks[kind]]
         ends = [starts[year] + lasts[kinds[year]] for year in years]
         begins = [starts[year] + firsts[kinds[year]] for year in years]
