@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import os
 import pickle
 import random
@@ -17,7 +19,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ticklock import Cron, Every, ScheduleError, cron, every
@@ -307,6 +309,8 @@ BAD = [
     ("1,,2 * * * *", r"^cron minute field: empty list element in '1,,2'$"),
     ("@reboot", r"^cron expression '@reboot': unknown alias"),
     ("0 0 30 2 *", r"^cron expression '0 0 30 2 \*' never fires$"),
+    ("0 0 31 4,6,9,11 *", r"^cron expression '0 0 31 4,6,9,11 \*' never fires$"),
+    ("0 0 30,31 2 */2", r"^cron expression '0 0 30,31 2 \*/2' never fires$"),
     # only printable ASCII, spaces and tabs: int() reads any Unicode digit, and str.split()
     # takes any Unicode space (or a newline) for a separator
     (
@@ -454,6 +458,120 @@ def test_cron_jitter_must_be_smaller_than_the_shortest_gap() -> None:
         cron("* * * * *", jitter=60)
     assert cron("0,1 * * * *").period == 60
     assert cron("*/15 * * * *").period == 900
+
+
+# -- the shortest gap between fires, from the fields ---------------------------------------
+
+
+@functools.cache
+def _calendar() -> tuple[datetime, ...]:
+    """Every day of a Gregorian cycle from 2001 (the calendar repeats after it), and of the
+    48 years after it: a gap that starts in the cycle ends there."""
+    first = datetime(2001, 1, 1)
+    return tuple(first + timedelta(days=n) for n in range((datetime(2449, 1, 1) - first).days))
+
+
+def brute_period(spec: CronSpec) -> timedelta | None:
+    """The shortest gap between consecutive fires in wall time, day by day by the matcher's
+    own rule; ``None`` if no day matches."""
+    days = [d.toordinal() for d in _calendar() if d.month in spec.months and spec.day_matches(d)]
+    if not days:
+        return None
+    times = sorted(hour * 60 + minute for hour in spec.hours for minute in spec.minutes)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    gaps += [(b - a) * 1440 + times[0] - times[-1] for a, b in itertools.pairwise(days)]
+    return timedelta(minutes=min(gaps))
+
+
+@st.composite
+def cron_field(draw: st.DrawFn, low: int, high: int) -> str:
+    """One field: ``*``, ``*/step`` or a list of values, ranges and stepped ranges."""
+    shape = draw(st.sampled_from(["*", "*/", "list", "list", "list"]))
+    if shape == "*":
+        return "*"
+    if shape == "*/":
+        return f"*/{draw(st.integers(1, high - low + 1))}"
+    parts = []
+    for _ in range(draw(st.integers(1, 3))):
+        start = draw(st.integers(low, high))
+        kind = draw(st.sampled_from(["value", "range", "stepped"]))
+        if kind == "value":
+            parts.append(str(start))
+            continue
+        part = f"{start}-{draw(st.integers(start, high))}"
+        parts.append(part + (f"/{draw(st.integers(1, 12))}" if kind == "stepped" else ""))
+    return ",".join(parts)
+
+
+ZONES = ["UTC", "Europe/Berlin", "Pacific/Apia", "Australia/Lord_Howe", "America/New_York"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    minute=cron_field(0, 59),
+    hour=cron_field(0, 23),
+    dom=cron_field(1, 31),
+    month=cron_field(1, 12),
+    dow=cron_field(0, 7),
+    tz=st.sampled_from(ZONES),
+)
+# rare gaps: Feb 29 on a Thursday, then Mar 1 (1 h, 5 min); gaps over years with no fire
+@example("0", "0,23", "*/7", "*", "4,5", "Europe/Berlin")
+@example("0,55", "0,23", "*/7", "*", "4,5", "Pacific/Apia")
+@example("0", "0", "29", "2", "*", "Australia/Lord_Howe")
+@example("0", "0", "29", "2", "*/7", "UTC")  # Feb 29 on a Sunday: 28 years apart at least
+@example("0", "0", "13", "2", "5", "UTC")
+@example("0", "0", "1", "1", "1-6", "UTC")
+@example("0", "0", "31", "2", "*", "Pacific/Apia")  # never
+@example("0", "0", "30", "2", "1", "UTC")  # either day rule: Mondays in February
+def test_the_shortest_gap_between_fires_is_exact(
+    minute: str, hour: str, dom: str, month: str, dow: str, tz: str
+) -> None:
+    expr = f"{minute} {hour} {dom} {month} {dow}"
+    expected = brute_period(CronSpec.parse(expr))
+    if expected is None:
+        with pytest.raises(ScheduleError, match=r" never fires$"):
+            cron(expr, tz=tz)
+    else:
+        assert cron(expr, tz=tz).period == expected.total_seconds(), expr
+
+
+def test_a_rare_shortest_gap_is_the_gap() -> None:
+    """Odd weeks' Thursdays and Fridays at 00:00 and 23:00: 23 h apart, except on a leap day
+    that is a Thursday (2024-02-29), followed by 1 March."""
+    trigger = cron("0 0,23 */7 * 4,5", tz="Europe/Berlin")
+    assert trigger.period == 3600
+    fire = trigger.next_fire(z("2024-02-29T20:00Z"))
+    assert fire == z("2024-02-29T22:00Z")
+    assert trigger.next_fire(fire) == z("2024-02-29T23:00Z")
+
+
+def test_building_a_cron_walks_no_fires(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: CronSpec, start: datetime) -> datetime | None:
+        raise AssertionError(f"a fire was walked from {start}")
+
+    monkeypatch.setattr(CronSpec, "next_naive", refuse)
+    for expr in ("*/5 * * * *", "0 0 1 1 *", "0 0 29 2 *", "0 0 29 2 */7", "0 0,23 */7 * 4,5"):
+        for tz in ("UTC", "Europe/Berlin", "Pacific/Apia", "Australia/Lord_Howe"):
+            cron(expr, tz=tz)
+    with pytest.raises(ScheduleError, match=r"^cron expression '0 0 31 2 \*' never fires$"):
+        cron("0 0 31 2 *", tz="Pacific/Apia")
+
+
+def test_no_two_matching_days_are_further_apart_than_the_search_goes() -> None:
+    """Every expression's matching days are a union of (month, day, weekday) triples (and
+    the either-day rule adds a weekday in every week): no triple's gap exceeds 40 years."""
+    seen: dict[tuple[int, int, int], int] = {}
+    longest = 0
+    for day in _calendar():
+        key = (day.month, day.day, day.isoweekday())
+        if key in seen:
+            longest = max(longest, day.year - seen[key])
+        seen[key] = day.year
+    assert longest == 40  # 29 February on a Sunday: 2088, then 2128
+    trigger = cron("0 0 29 2 */7")
+    assert trigger.next_fire(z("2088-02-29T00:00Z")) == z("2128-02-29T00:00Z")
+    assert trigger.next_fire(z("2001-01-01T00:00Z")) == z("2004-02-29T00:00Z")
 
 
 # -- property test against an independent brute force -----------------------------------

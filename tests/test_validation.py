@@ -156,6 +156,14 @@ JOB_CASES = [
         id="cron_timeout",
     ),
     pytest.param(
+        {"timeout": 7200},
+        cron("0 0,23 */7 * 4,5"),  # 23 h apart, but 1 h from a Thursday 29 February to 1 March
+        r"^job 'x': timeout \(7200 s\) must be shorter than the shortest gap between "
+        r"fires \(3600 s\)$",
+        "timeout",
+        id="cron_timeout_rare_gap",
+    ),
+    pytest.param(
         {"timeout": 0},
         every(10),
         r"^job 'x': timeout must be positive and finite",
@@ -351,6 +359,13 @@ def test_default_timeout_is_half_the_period_capped_at_five_minutes() -> None:
     assert scheduler.add(handler, every(hours=1), id="b").timeout == 300
     assert scheduler.add(handler, cron("*/10 * * * *"), id="c").timeout == 300
     assert scheduler.add(handler, cron("0,1 * * * *"), id="d").timeout == 30
+
+
+def test_the_default_timeout_counts_the_shortest_gap_however_rare() -> None:
+    # 00:00, 00:55, 23:00, 23:55: 55 min apart at least, but 5 min from 23:55 on a Thursday
+    # 29 February (2024) to 00:00 on Friday 1 March
+    job = Scheduler().add(handler, cron("0,55 0,23 */7 * 4,5"), id="rare")
+    assert job.timeout == 150
 
 
 def test_dsn_and_pool_are_exclusive() -> None:

@@ -1,4 +1,5 @@
-"""Five-field Vixie cron: parsing, matching in naive local wall time, and the DST rule.
+"""Five-field Vixie cron: parsing, matching in naive local wall time, the DST rule, and the
+shortest gap between fires.
 
 Each matching wall time maps to UTC with :mod:`zoneinfo` by the Vixie/ISC cron rule (as in
 cronie): a repeated wall time (fall back) fires at every occurrence for *wildcard* expressions
@@ -12,6 +13,7 @@ matches if either the day of month or the day of week does when neither field st
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 import unicodedata
@@ -48,8 +50,10 @@ _STEADY = timedelta(
     days=2
 )  # no zone has two transitions this close: one offset, checked at both ends
 _LAST_MINUTE = datetime(9999, 12, 31, 23, 59)  # the last wall time a datetime holds
-# A schedule that finds no fire in a full 28-year calendar cycle never fires.
-_HORIZON_YEARS = 29
+# The longest gap between two matching days is 40 years (29 February on one weekday, across
+# a century year that is not leap: 2088 to 2128), so a search that finds no fire in 41 years
+# has reached the end of the calendar (a trigger that never fires is refused when built).
+_HORIZON_YEARS = 41
 # Fields are printable ASCII, separated by spaces or tabs (as in a crontab line). Anything
 # else is refused rather than read: str.split() would take a no-break space, a newline or
 # another Unicode space for a separator, and an expression that looks like one schedule
@@ -142,32 +146,7 @@ class CronSpec:
         """Parse ``expr`` (five fields or an ``@`` alias), raising :class:`ScheduleError`."""
         if not isinstance(expr, str):
             raise ScheduleError(f"cron expression must be a string, got {expr!r}", field="expr")
-        _check_characters(expr)
-        text = expr.strip(" \t")
-        if text.startswith("@"):
-            if text.lower() not in _ALIASES:
-                raise ScheduleError(
-                    f"cron expression {expr!r}: unknown alias (use one of {', '.join(_ALIASES)})",
-                    field="expr",
-                )
-            text = _ALIASES[text.lower()]
-        fields = text.split()
-        if len(fields) != 5:
-            raise ScheduleError(
-                f"cron expression {expr!r} has {len(fields)} fields; expected 5 "
-                "(minute hour day-of-month month day-of-week)",
-                field="expr",
-            )
-        sets = [_parse_field(f, *spec) for f, spec in zip(fields, _FIELDS, strict=True)]
-        return cls(
-            minutes=tuple(sorted(sets[0])),
-            hours=tuple(sorted(sets[1])),
-            days=frozenset(sets[2]),
-            months=frozenset(sets[3]),
-            weekdays=frozenset(d % 7 for d in sets[4]),
-            day_or=not fields[2].startswith("*") and not fields[4].startswith("*"),
-            wildcard=fields[0].startswith("*") or fields[1].startswith("*"),
-        )
+        return _parse(expr)
 
     def day_matches(self, day: datetime) -> bool:
         """Whether the calendar day of ``day`` matches the day-of-month/day-of-week rule."""
@@ -212,6 +191,37 @@ class CronSpec:
         while t is not None:
             yield t
             t = self.next_naive(t + _MINUTE) if t < _LAST_MINUTE else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(expr: str) -> CronSpec:
+    """:meth:`CronSpec.parse` of a string, one shared spec per expression."""
+    _check_characters(expr)
+    text = expr.strip(" \t")
+    if text.startswith("@"):
+        if text.lower() not in _ALIASES:
+            raise ScheduleError(
+                f"cron expression {expr!r}: unknown alias (use one of {', '.join(_ALIASES)})",
+                field="expr",
+            )
+        text = _ALIASES[text.lower()]
+    fields = text.split()
+    if len(fields) != 5:
+        raise ScheduleError(
+            f"cron expression {expr!r} has {len(fields)} fields; expected 5 "
+            "(minute hour day-of-month month day-of-week)",
+            field="expr",
+        )
+    sets = [_parse_field(f, *spec) for f, spec in zip(fields, _FIELDS, strict=True)]
+    return CronSpec(
+        minutes=tuple(sorted(sets[0])),
+        hours=tuple(sorted(sets[1])),
+        days=frozenset(sets[2]),
+        months=frozenset(sets[3]),
+        weekdays=frozenset(d % 7 for d in sets[4]),
+        day_or=not fields[2].startswith("*") and not fields[4].startswith("*"),
+        wildcard=fields[0].startswith("*") or fields[1].startswith("*"),
+    )
 
 
 def instants(local: datetime, zone: ZoneInfo, wildcard: bool) -> tuple[datetime, ...]:
@@ -300,9 +310,129 @@ def _walk(spec: CronSpec, zone: ZoneInfo, after: datetime) -> datetime | None:
     return best
 
 
-def shortest_period(spec: CronSpec, samples: int = 512) -> timedelta | None:
-    """The shortest gap between consecutive fires (ignoring DST), or ``None`` if it never fires."""
-    fires = list(itertools.islice(spec.naive_matches(datetime(2001, 1, 1)), samples + 1))
-    if not fires:
+def shortest_period(spec: CronSpec) -> timedelta | None:
+    """The shortest gap between consecutive fires in local wall time (ignoring DST), or
+    ``None`` if the expression never fires, from the fields alone: no fire is walked.
+
+    Fires on one day are the hours x minutes of the expression; between two matching days
+    ``n`` days apart the gap is ``n`` days less the day's spread (last fire less first), so
+    the shortest is the fewest days between two consecutive matching days (:func:`_day_gap`).
+    """
+    days = _day_gap(spec.days, spec.months, spec.weekdays, spec.day_or)
+    if days is None:
         return None
-    return min((b - a for a, b in itertools.pairwise(fires)), default=timedelta(days=366))
+    minutes, hours = spec.minutes, spec.hours
+    spread = (hours[-1] - hours[0]) * 60 + minutes[-1] - minutes[0]
+    gap = days * 1440 - spread
+    if len(minutes) > 1:  # two fires in one hour
+        gap = min(gap, min(b - a for a, b in itertools.pairwise(minutes)))
+    if len(hours) > 1:  # the last fire of an hour and the first of the next matching hour
+        step = min(b - a for a, b in itertools.pairwise(hours))
+        gap = min(gap, step * 60 - (minutes[-1] - minutes[0]))
+    return timedelta(minutes=gap)
+
+
+# Month lengths and the day of the year each month starts on, in a common and a leap year.
+_LENGTHS = (
+    (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31),
+    (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31),
+)
+_STARTS = tuple(tuple(itertools.accumulate(lengths[:-1], initial=0)) for lengths in _LENGTHS)
+# Per month of a common and of a leap year: its days as a mask, and its first day of the year.
+_SPANS = tuple(
+    tuple(((1 << length) - 1, start) for length, start in zip(lengths, starts, strict=True))
+    for lengths, starts in zip(_LENGTHS, _STARTS, strict=True)
+)
+# Times 1 << weekday: bit j of the product is set when weekday j % 7 is (enough for a year
+# that starts on any weekday).
+_WEEKS = sum(1 << (7 * week) for week in range(54))
+
+
+@functools.cache
+def _gregorian() -> tuple[tuple[int, ...], tuple[int, ...], frozenset[tuple[int, int]]]:
+    """One Gregorian cycle (the 400 years from 2001; the calendar repeats after it): each
+    year's kind, the day of the cycle its 1 January falls on, and the pairs of kinds two
+    consecutive years have (the last year's successor being the first).
+
+    A year's kind is ``7 * leap + the weekday of its 1 January``: two years of one kind have
+    the same days on the same weekdays, so the same matching days.
+    """
+    kinds, starts = [], []
+    weekday, start = 1, 0  # 2001-01-01 was a Monday
+    for year in range(2001, 2401):
+        leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        kinds.append(7 * leap + weekday)
+        starts.append(start)
+        weekday, start = (weekday + 365 + leap) % 7, start + 365 + leap
+    return tuple(kinds), tuple(starts), frozenset(itertools.pairwise(kinds + kinds[:1]))
+
+
+_CYCLE_DAYS = 146097  # the days of a Gregorian cycle
+
+
+@functools.lru_cache(maxsize=1024)
+def _day_gap(
+    days: frozenset[int], months: frozenset[int], weekdays: frozenset[int], day_or: bool
+) -> int | None:
+    """The fewest days between two consecutive matching days, or ``None`` if no day matches.
+
+    Each of the 14 kinds of year (:func:`_gregorian`) is a mask of its matching days, bit
+    ``i`` for the year's day ``i``; the gaps are those inside one year's mask and those from
+    the last matching day of a year to the first of the next year that has one. One
+    Gregorian cycle holds every gap there is.
+    """
+    in_days = sum(1 << (day - 1) for day in days)
+    every_weekday = len(weekdays) == 7
+    on_weekdays = sum(1 << weekday for weekday in weekdays) * _WEEKS
+    masks: list[int] = []
+    for spans in _SPANS:
+        in_months = on_days = 0
+        for month in months:
+            whole, start = spans[month - 1]
+            in_months |= whole << start
+            on_days |= (in_days & whole) << start
+        if every_weekday:  # the weekday decides nothing: one mask for the 7 kinds
+            masks += [in_months if day_or else on_days] * 7
+        elif day_or:
+            masks += [on_days | (on_weekdays >> first) & in_months for first in range(7)]
+        else:
+            masks += [on_days & (on_weekdays >> first) for first in range(7)]
+    if not any(masks):
+        return None
+    firsts = [(mask & -mask).bit_length() - 1 for mask in masks]
+    lasts = [mask.bit_length() - 1 for mask in masks]
+    kinds, starts, pairs = _gregorian()
+    # from one year into the next: 365 or 366 days at most
+    best = min(
+        (365 + a // 7 - lasts[a] + firsts[b] for a, b in pairs if masks[a] and masks[b]),
+        default=_CYCLE_DAYS,
+    )
+    for mask in set(masks):
+        best = _closest(mask, best)
+    # a gap over a year with no match is 366 days at least: only then may one be the shortest
+    if best > 365:
+        years = [year for year, kind in enumerate(kinds) if masks[kind]]
+        ends = [starts[year] + lasts[kinds[year]] for year in years]
+        begins = [starts[year] + firsts[kinds[year]] for year in years]
+        begins.append(begins[0] + _CYCLE_DAYS)  # the first of the next cycle
+        best = min(best, *(begin - end for begin, end in zip(begins[1:], ends, strict=True)))
+    return best
+
+
+def _closest(mask: int, bound: int) -> int:
+    """The fewest positions between two set bits of ``mask``, or ``bound`` if none are
+    closer."""
+    count = mask.bit_count()
+    if count < 2:
+        return bound
+    if count > 12:  # dense: two bits are at most 365 / 12 apart, try each distance
+        distance = 1
+        while distance < bound and not mask & (mask >> distance):
+            distance += 1
+        return distance
+    positions = []
+    while mask:
+        low = mask & -mask
+        positions.append(low.bit_length())
+        mask ^= low
+    return min(bound, *(b - a for a, b in itertools.pairwise(positions)))
