@@ -204,3 +204,25 @@ async def test_a_handler_that_makes_the_tick_read_only_gets_a_clear_failure(
         )
     assert after_it.outcome is Outcome.SUCCESS, after_it.error
     assert await rows(pg_conn, table) == ["next"]
+
+
+async def test_a_batch_has_a_seal_of_its_own(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema)
+
+    @scheduler.job(rare(), id="sweep", max_batches=3)
+    async def sweep(ctx: JobContext) -> None:
+        async for batch in ctx.batches():
+            await batch.db.execute(
+                f"INSERT INTO {table} VALUES ($1, $2)", ctx.slot, f"b{batch.number}"
+            )
+            if batch.number == 2:  # the second batch's own transaction: a COMMIT past ctx.db
+                await cast(Any, batch.db)._con.execute("COMMIT")
+
+    async with scheduler:
+        result = await scheduler.run_now("sweep")
+    assert result.outcome is Outcome.FAILURE, result.error
+    assert "a COMMIT that is not ticklock's own" in (result.error or "")
+    assert result.batches == 1
+    assert await rows(pg_conn, table) == ["b1"]  # the first batch committed as ever
