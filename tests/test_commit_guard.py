@@ -114,6 +114,11 @@ ROUTES: dict[str, Callable[[Any, str], Awaitable[object]]] = {
     "seal_replaced": lambda raw, schema: raw.execute(
         f"UPDATE {schema}.seals SET seal = sha256('x'); SET LOCAL ticklock.commit = x; COMMIT"
     ),
+    "shadowed_sha256": lambda raw, schema: raw.execute(
+        f"CREATE SCHEMA {schema}_x; CREATE FUNCTION {schema}_x.sha256(bytea) RETURNS bytea "
+        f"LANGUAGE sql AS $$SELECT seal FROM {schema}.seals LIMIT 1$$; "
+        f"SET LOCAL search_path = {schema}_x, pg_catalog; COMMIT"
+    ),
     "constraints_immediate": lambda raw, schema: raw.execute("SET CONSTRAINTS ALL IMMEDIATE"),
     "rollback": lambda raw, schema: raw.execute("ROLLBACK"),
 }

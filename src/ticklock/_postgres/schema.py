@@ -170,12 +170,14 @@ CREATE INDEX IF NOT EXISTS audit_job ON {s}.audit (namespace, job_id, at);""",
         # knows) before its handler runs. Every COMMIT of that transaction, however it is
         # sent, fires the deferred trigger, which refuses it unless ticklock set the token
         # with SET LOCAL just before its own COMMIT; SET CONSTRAINTS ... IMMEDIATE fires it
-        # early, with the same check. Deleting or changing the row fires it too.
+        # early, with the same check. Deleting or changing the row fires it too. Its calls
+        # name pg_catalog: a search_path a handler set cannot put other functions first.
         "seals": f"""
 CREATE TABLE IF NOT EXISTS {s}.seals (seal bytea PRIMARY KEY);
 CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF sha256(convert_to(coalesce(current_setting('{SEAL_SETTING}', true), ''), 'UTF8'))
+    IF pg_catalog.sha256(pg_catalog.convert_to(
+        coalesce(pg_catalog.current_setting('{SEAL_SETTING}', true), ''), 'UTF8'))
         IS DISTINCT FROM (CASE TG_OP WHEN 'DELETE' THEN OLD.seal ELSE NEW.seal END) THEN
         RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = {literal(SEAL_REFUSED)},
             HINT = {literal(SEAL_HINT)};
