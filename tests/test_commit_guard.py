@@ -119,6 +119,12 @@ ROUTES: dict[str, Callable[[Any, str], Awaitable[object]]] = {
         f"LANGUAGE sql AS $$SELECT seal FROM {schema}.seals LIMIT 1$$; "
         f"SET LOCAL search_path = {schema}_x, pg_catalog; COMMIT"
     ),
+    "shadowed_equality": lambda raw, schema: raw.execute(
+        f"CREATE SCHEMA {schema}_x; CREATE FUNCTION {schema}_x.same(bytea, bytea) RETURNS bool "
+        "LANGUAGE sql AS $$SELECT true$$; CREATE OPERATOR "
+        f"{schema}_x.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = {schema}_x.same); "
+        f"SET LOCAL search_path = {schema}_x, pg_catalog; COMMIT"
+    ),
     "constraints_immediate": lambda raw, schema: raw.execute("SET CONSTRAINTS ALL IMMEDIATE"),
     "rollback": lambda raw, schema: raw.execute("ROLLBACK"),
 }

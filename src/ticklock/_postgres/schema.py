@@ -170,11 +170,13 @@ CREATE INDEX IF NOT EXISTS audit_job ON {s}.audit (namespace, job_id, at);""",
         # knows) before its handler runs. Every COMMIT of that transaction, however it is
         # sent, fires the deferred trigger, which refuses it unless ticklock set the token
         # with SET LOCAL just before its own COMMIT; SET CONSTRAINTS ... IMMEDIATE fires it
-        # early, with the same check. Deleting or changing the row fires it too. Its calls
-        # name pg_catalog: a search_path a handler set cannot put other functions first.
+        # early, with the same check. Deleting or changing the row fires it too. It runs
+        # with pg_catalog's functions and operators only: a search_path a handler set
+        # cannot put others first.
         "seals": f"""
 CREATE TABLE IF NOT EXISTS {s}.seals (seal bytea PRIMARY KEY);
-CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF pg_catalog.sha256(pg_catalog.convert_to(
         coalesce(pg_catalog.current_setting('{SEAL_SETTING}', true), ''), 'UTF8'))
