@@ -275,15 +275,16 @@ async def migrate(
 async def _attempt(conn: asyncpg.Connection[Any], schema: str) -> str:
     """One attempt of :func:`migrate`, in a transaction of its own: rolled back (shielded,
     so that a cancelled attempt returns its connection clean) unless it succeeds."""
-    await conn.execute(f"BEGIN; SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+    transaction = conn.transaction()
+    await transaction.start()
     try:
+        await conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
         done = await _migrate(conn, schema)
     except BaseException:
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_SECONDS):
-            if conn.is_in_transaction():
-                await conn.execute("ROLLBACK")
+            await transaction.rollback()
         raise
-    await conn.execute("COMMIT")
+    await transaction.commit()
     return done
 
 
