@@ -151,3 +151,25 @@ async def test_a_starting_replica_reports_the_wait_as_a_warning_and_runs_once_it
     states = [r for r in records if not r[2].startswith("run quick ")]
     assert not [r for r in states if r[1] in ("ERROR", "CRITICAL")], states
     assert not [r for r in records if "Resetting connection" in r[2]], records
+
+
+async def test_the_upgrade_from_the_previous_release_never_waits_for_its_runs(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # Version 8 adds the seals table and touches no table a run of version 7 holds.
+    await migrate(pg_conn, pg_schema)
+    await pg_conn.execute(
+        f"DROP TABLE {pg_schema}.seals; DROP FUNCTION {pg_schema}.seal_check(); "
+        f"UPDATE {pg_schema}.schema_version SET version = 7"
+    )
+    holder = await old_tick(pg_dsn, pg_schema)
+    try:
+        with anyio.fail_after(10):
+            code, out, err = await ticklock_migrate(pg_dsn, pg_schema, "--wait", "1")
+    finally:
+        await holder.close()
+    assert (code, out, err) == (
+        0,
+        f"ticklock: upgraded ticklock's tables in schema {pg_schema!r} to version {VERSION}\n",
+        "",
+    )
