@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import asyncpg
@@ -149,3 +149,33 @@ async def test_a_prepare_a_handler_leaves_behind_the_bouncer_reaches_no_later_ti
         for _ in range(4):
             result = await scheduler.run_now("prepares")
             assert result.outcome is Outcome.SUCCESS, result.error
+
+
+async def test_only_ticklocks_own_commit_commits_a_tick_through_pgbouncer(
+    bouncer: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # The seal's token is set with SET LOCAL in the transaction that COMMITs it: the same
+    # server session behind a transaction-mode pooler, for a batch's commit as for a tick's.
+    await pg_conn.execute(f"CREATE SCHEMA {pg_schema}")
+    await pg_conn.execute(f"CREATE TABLE {pg_schema}.log (slot timestamptz, note text)")
+    scheduler = Scheduler(bouncer, schema=pg_schema)
+    insert = f"INSERT INTO {pg_schema}.log VALUES ($1, $2)"
+
+    @scheduler.job(every(3600, initial_delay=3000), id="sneaky")
+    async def sneaky(ctx: JobContext) -> None:
+        await ctx.db.execute(insert, ctx.slot, "sneaky")
+        await cast(Any, ctx.db)._con.execute("COMMIT")  # past ctx.db's checks
+
+    @scheduler.job(every(3600, initial_delay=3000), id="batched", max_batches=2)
+    async def batched(ctx: JobContext) -> None:
+        async for batch in ctx.batches():
+            await batch.db.execute(insert, ctx.slot, f"batch {batch.number}")
+
+    async with scheduler:
+        refused = await scheduler.run_now("sneaky")
+        committed = await scheduler.run_now("batched")
+    assert refused.outcome is Outcome.FAILURE
+    assert "a COMMIT that is not ticklock's own" in (refused.error or "")
+    assert (committed.outcome, committed.batches) == (Outcome.SUCCESS, 2), committed.error
+    notes = await pg_conn.fetch(f"SELECT note FROM {pg_schema}.log ORDER BY note")
+    assert [r["note"] for r in notes] == ["batch 1", "batch 2"]

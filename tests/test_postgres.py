@@ -442,6 +442,7 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
         "replicas",
         "runs",
         "schema_version",
+        "seals",
     ]
     assert await count(pg_conn, f"SELECT count(*) FROM {pg_schema}.schema_version") == 1
 

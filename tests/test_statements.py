@@ -33,6 +33,16 @@ REFUSED = [
         "SET SESSION TRANSACTION READ ONLY",
         "SET SESSION TRANSACTION READ ONLY",
     ),
+    (
+        "set_local_transaction_read_only",
+        "SET LOCAL transaction_read_only = on",
+        "SET LOCAL transaction_read_only = on",
+    ),
+    (
+        "set_transaction_read_only",
+        "set transaction_read_only to on",
+        "set transaction_read_only to on",
+    ),
     ("second_statement", "VALUES (1); COMMIT", "COMMIT"),
     ("commit_then_begin", "COMMIT; BEGIN", "COMMIT"),
     ("last_without_semicolon", "SELECT 1;SELECT 2;commit", "commit"),

@@ -13,18 +13,21 @@ Hierarchy::
     ├── SlotAlreadyCommitted  a commit refused: the watermark is at or past the slot
     ├── TransactionEnded      a commit refused: the handler ended the tick's transaction
     ├── LimitsChanged         a commit refused: the handler loosened the server-side timeouts
+    ├── TransactionChanged    a commit refused: the handler made the transaction read-only
     ├── ClockAhead            a tick or commit refused: the slot or end lies in the database's
     │                         future
     ├── TakenOver             a batch refused: another replica took the job over between two
     │                         batches of this run (it was paused past its budget)
     └── BatchesEntered        ``ctx.batches()`` entered a second time in one run
     ConnectionError
-    └── DatabaseUnavailable   the database does not answer
+    ├── DatabaseUnavailable   the database does not answer
+    └── SchemaBusy            a schema upgrade waited too long for runs in flight to end
 
-``SlotAlreadyCommitted``, ``TransactionEnded``, ``LimitsChanged``, ``ClockAhead``,
-``TakenOver`` and ``DatabaseUnavailable`` end a run as ``error`` (with their message); they are
-not exported. ``StatementRefused`` and ``BatchesEntered`` are raised inside the handler, so
-their run is a ``failure``; they are not exported either.
+``SlotAlreadyCommitted``, ``TransactionEnded``, ``LimitsChanged``, ``TransactionChanged``,
+``ClockAhead``, ``TakenOver``, ``DatabaseUnavailable`` and ``SchemaBusy`` end a run as
+``error`` (with their message); they are not exported. ``StatementRefused`` and
+``BatchesEntered`` are raised inside the handler, so their run is a ``failure``; they are not
+exported either.
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ class LimitsChanged(RuntimeError):
     """The handler changed the tick's server-side timeouts: a paused holder would keep the lock."""
 
 
+class TransactionChanged(RuntimeError):
+    """A commit refused: the handler made the tick's transaction read-only."""
+
+
 class ClockAhead(RuntimeError):
     """The replica's slot or end lies in the database's future: its clock runs ahead. A slot
     is refused before its handler starts; an end (the clock stepped during the run) at the
@@ -93,6 +100,11 @@ class TakenOver(RuntimeError):
 
 class BatchesEntered(RuntimeError):
     """``ctx.batches()`` was entered a second time in one run."""
+
+
+class SchemaBusy(ConnectionError):
+    """A schema upgrade gave up waiting for the runs in flight (the previous release's ticks
+    hold ticklock's tables until they end): it changed nothing, and can be run again."""
 
 
 class DatabaseUnavailable(ConnectionError):

@@ -247,13 +247,24 @@ def refused(exc: BaseException) -> int:
 
 async def migrate(args: argparse.Namespace) -> int:
     """Create or upgrade ticklock's tables."""
+    from .._errors import SchemaBusy
     from .._postgres.connection import connect
     from .._postgres.schema import VERSION
     from .._postgres.schema import migrate as run_migration
 
+    def waiting() -> None:
+        print(
+            "ticklock: waiting for a run in flight to end before upgrading the schema (its "
+            "transaction holds ticklock's tables; the running replicas are not held up) ...",
+            file=sys.stderr,
+            flush=True,
+        )
+
     conn, _ = await connect(args.dsn)
     try:
-        done = await run_migration(conn, args.schema)
+        done = await run_migration(conn, args.schema, wait=args.wait, waiting=waiting)
+    except SchemaBusy as exc:
+        raise CommandError(f"{exc}: run 'ticklock migrate' again, or give --wait longer") from None
     finally:
         await conn.close()
     where = f"ticklock's tables in schema {args.schema!r}"

@@ -132,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
         "run finished when one was due, failures aside; a watermark in the future counts), "
         "failing (default: overdue,failing)",
     )
+    commands["migrate"].add_argument(
+        "--wait",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the runs in flight that hold ticklock's tables (a rolling "
+        "deploy's previous release) before giving up (default: 300)",
+    )
     slots = commands["slots"]
     slots.add_argument(
         "--since",

@@ -80,6 +80,17 @@ _ENDS_SESSION = frozenset({"close", "reset", "terminate"})
 """Connection methods that end the tick's transaction from the client (``reset`` sends a
 ``ROLLBACK``; the others end the session, and the lock with it)."""
 _SHOWN = 200  # characters of a refused statement quoted in the error
+_LOCAL = frozenset(
+    {"get_server_pid", "get_server_version", "get_settings", "is_closed", "is_in_transaction"}
+)
+"""Connection methods that send nothing to the server."""
+_COPY_WORDS = ("oids", "freeze", "header")
+"""COPY options asyncpg writes into the statement as given, unquoted: only a bare word (a
+bool, ``"match"``) is passed, so none can carry a statement of its own."""
+_COPY_STRINGS = ("format", "delimiter", "null", "quote", "escape", "encoding")
+"""COPY options asyncpg quotes as plain ``'...'`` literals, in which a backslash escapes the
+quote when the session's ``standard_conforming_strings`` is off."""
+_WORD = re.compile(r"[A-Za-z0-9_]+")
 
 
 class ConnectionLease:
@@ -95,8 +106,12 @@ class ConnectionLease:
     The connection is already inside the tick's transaction, so :meth:`transaction` opens a
     savepoint of it, as asyncpg does for a nested transaction. Only ticklock ends that
     transaction: SQL text with a statement that would end or change it (``COMMIT``,
-    ``ROLLBACK`` without ``TO``, ``BEGIN``, ..., see :mod:`.statements`), and ``close()``,
-    ``terminate()`` and ``reset()``, raise :class:`StatementRefused` before anything is sent.
+    ``ROLLBACK`` without ``TO``, ``BEGIN``, ..., see :mod:`.statements`), COPY options that
+    asyncpg would write into its statement unquoted (``header=``, ``oids=``, ``freeze=``)
+    unless they are bare words, and ``close()``, ``terminate()`` and ``reset()``, raise
+    :class:`StatementRefused` before anything is sent; so does every use that would send
+    something once the transaction is no longer open on the server (a COMMIT or ROLLBACK
+    that reached it by another route: the seal of :mod:`.tick` makes such a COMMIT fail).
     """
 
     __slots__ = ("_con", "_savepoints", "retire", "used")
@@ -123,6 +138,10 @@ class ConnectionLease:
                     "lock and carries its writes: refused. The connection is ticklock's until "
                     "the handler returns"
                 )
+            if name not in _LOCAL:
+                self._open(con, name)
+            if name.startswith("copy_"):
+                _refuse_copy_options(con, name, kwargs)
             sql = _sql_of(name, args, kwargs)
             if sql is not None:
                 _refuse_transaction_control(con, name, sql)
@@ -136,11 +155,23 @@ class ConnectionLease:
 
     async def _guard(self, name: str, statement: Coroutine[Any, Any, Any]) -> Any:
         try:
-            self._lent(name)
+            self._open(self._lent(name), name)
         except BaseException:
             statement.close()
             raise
         return await statement
+
+    def _open(self, con: asyncpg.Connection[Any], name: str) -> None:
+        """Refuse to send anything once the tick's transaction is no longer open on the
+        server (a COMMIT or ROLLBACK reached it by a route this lease could not see, or the
+        server ended it): what would follow would not run under the job's lock."""
+        if not con.is_in_transaction():
+            raise StatementRefused(
+                f"ctx.conn.{name}(): the tick's transaction has ended (a COMMIT or ROLLBACK "
+                "reached the server, or the server ended the transaction), and the job's lock "
+                "with it: refused, nothing more of this run reaches the database, and the "
+                "run does not commit"
+            )
 
     def _lent(self, name: str) -> asyncpg.Connection[Any]:
         con = self._con
@@ -189,6 +220,30 @@ def _sql_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | N
     return text if isinstance(text, str) else None
 
 
+def _refuse_copy_options(con: asyncpg.Connection[Any], name: str, options: dict[str, Any]) -> None:
+    """Raise :class:`StatementRefused` if a COPY option of ``options`` could end asyncpg's
+    COPY statement early (and carry one of its own, a COMMIT say): one it writes in unquoted
+    that is not a bare word, or, while ``standard_conforming_strings`` is off, one it quotes
+    that holds a backslash."""
+    standard = con.get_settings().standard_conforming_strings != "off"
+    for option in _COPY_WORDS:
+        value = options.get(option)
+        if value is not None and not _WORD.fullmatch(str(value)):
+            raise StatementRefused(
+                f"ctx.conn.{name}(): {option}={value!r} is written into the COPY statement "
+                f"as it is, so it could end the statement and run another: refused before "
+                f"it reached the server. Give {option} a bool"
+            )
+    for option in () if standard else _COPY_STRINGS:
+        value = options.get(option)
+        if isinstance(value, str) and "\\" in value:
+            raise StatementRefused(
+                f"ctx.conn.{name}(): {option}={value!r} holds a backslash, which with "
+                "standard_conforming_strings off could end its literal in the COPY "
+                "statement: refused before it reached the server"
+            )
+
+
 def _refuse_transaction_control(con: asyncpg.Connection[Any], name: str, sql: str) -> None:
     """Raise :class:`StatementRefused` if a statement of ``sql`` would end or change the
     tick's transaction (:func:`.statements.transaction_control`), read as the session reads
@@ -222,17 +277,22 @@ class Savepoint:
         self._lease = lease  # through the lease: a savepoint kept past its tick fails too
         self._name = name
 
+    def _con(self) -> asyncpg.Connection[Any]:
+        con = self._lease._lent("transaction")
+        self._lease._open(con, "transaction")
+        return con
+
     async def start(self) -> None:
         """Set the savepoint."""
-        await self._lease._lent("transaction").execute(f"SAVEPOINT {self._name}")
+        await self._con().execute(f"SAVEPOINT {self._name}")
 
     async def commit(self) -> None:
         """Release the savepoint: its work stays, to commit with the tick."""
-        await self._lease._lent("transaction").execute(f"RELEASE SAVEPOINT {self._name}")
+        await self._con().execute(f"RELEASE SAVEPOINT {self._name}")
 
     async def rollback(self) -> None:
         """Undo the work since the savepoint (and release it)."""
-        await self._lease._lent("transaction").execute(
+        await self._con().execute(
             f"ROLLBACK TO SAVEPOINT {self._name}; RELEASE SAVEPOINT {self._name}"
         )
 

@@ -307,7 +307,7 @@ class PostgresCoordinator:
                 raise self._ahead(at)
             if begun is not Begun.ACQUIRED:
                 return attempt  # held by another replica: close() rolls back
-            row = await conn.fetchrow(self.db.sql.state, self.namespace, job_id)
+            row = await conn.fetchrow(self.db.sql.state, self.namespace, job_id, attempt.seal)
             assert row is not None  # the statement returns one row
             tx, *state = row
             attempt.acquired = True

@@ -28,6 +28,7 @@ from .._clock import Clock
 from .._coordination import FUTURE_LIMIT
 from .._errors import (
     DatabaseUnavailable,
+    SchemaBusy,
     SlotAlreadyCommitted,
     StartupError,
     TakenOver,
@@ -163,7 +164,16 @@ class Database:
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
         cause = describe(exc)
         if self._down_since is None or type(exc).__name__ not in self._cause:
-            if self.classify(exc):  # down, restarting, overloaded: it comes back by itself
+            if isinstance(exc, SchemaBusy):  # a rolling deploy's old runs: they end soon
+                was_down = self._down_since is not None and self._advice is None
+                self._advice = None
+                self.problem = f"waiting to upgrade the schema ({cause})"
+                (logger.info if was_down else logger.warning)(
+                    "waiting for the runs in flight to end before upgrading ticklock's tables "
+                    "(the previous release's ticks hold them until they end); trying again "
+                    "with backoff, and ticks end as 'error' until then"
+                )
+            elif self.classify(exc):  # down, restarting, overloaded: it comes back by itself
                 was_down = self._down_since is not None and self._advice is None
                 self._advice = None
                 self.problem = f"the database is unavailable ({cause})"
@@ -293,7 +303,7 @@ class Database:
         if isinstance(exc, asyncpg.ClientConfigurationError):
             return None  # a DSN option asyncpg refuses: waiting cannot fix it
         if isinstance(exc, (OSError, asyncpg.InterfaceError, SlotAlreadyCommitted, TakenOver)):
-            return Outcome.ERROR
+            return Outcome.ERROR  # SchemaBusy is an OSError too
         if isinstance(exc, asyncpg.PostgresError):
             state = exc.sqlstate or ""
             if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:

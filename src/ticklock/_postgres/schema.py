@@ -5,24 +5,58 @@
 heartbeat and the jobs it declares). The ledger's records: ``presence`` (when each replica was
 live, and what it declared), ``outages`` (database outages, recorded by the replicas once they
 reconnect) and ``audit`` (operators' operations); the retention sweep prunes them with the
-history.
+history. ``seals`` holds, for each tick's transaction in flight, one row whose deferred
+constraint trigger lets only ticklock's own COMMIT commit it (see :mod:`.tick`); the row is
+deleted by that commit, so the table stays empty.
 The schema name is validated as a plain identifier and always quoted.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from .._errors import SchemaBusy
 from .._lock_key import lock_key
 
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 7
-_TABLES = ("schema_version", "jobs", "runs", "replicas", "presence", "outages", "audit")
+VERSION = 8
+_TABLES = (
+    "schema_version",
+    "jobs",
+    "runs",
+    "replicas",
+    "presence",
+    "outages",
+    "audit",
+    "seals",
+)
 _MIGRATION_LOCK = "ticklock.migrate"
-MIGRATION_LOCK_TIMEOUT_MS = 5000
-"""How long a migration's DDL may wait for a table's lock before it gives up (and is retried)."""
+LOCK_TIMEOUT_MS = 200
+"""How long one attempt of a migration waits for a lock before it gives up (and is tried
+again): the longest a DDL queued behind a run in flight holds up other sessions' statements."""
+RETRY_FIRST, RETRY_MAX = 0.2, 2.0
+"""Seconds between a migration's attempts: the first wait, doubling up to the cap."""
+START_WAIT = 2.0
+"""Seconds a starting scheduler's migration tries before it reports that it waits (then its
+database's backoff tries again)."""
+CLEANUP_SECONDS = 5.0
+"""How long the rollback of a failed attempt may take, shielded."""
+SEAL_SETTING = "ticklock.commit"
+"""The setting ticklock's own COMMIT of a tick sets (``SET LOCAL``) to the tick's token."""
+SEAL_REFUSED = (
+    "ticklock: a COMMIT that is not ticklock's own reached a tick's transaction (through "
+    "ctx.db): refused, and the transaction is rolled back with everything it wrote"
+)
+SEAL_HINT = (
+    "Leave the transaction to ticklock: it commits the handler's writes with the slot when "
+    "the handler returns"
+)
 
 
 def quote(schema: str) -> str:
@@ -132,6 +166,28 @@ CREATE TABLE IF NOT EXISTS {s}.audit (
     changed boolean NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_job ON {s}.audit (namespace, job_id, at);""",
+        # A tick's transaction inserts a row (the SHA-256 of a random token only ticklock
+        # knows) before its handler runs. Every COMMIT of that transaction, however it is
+        # sent, fires the deferred trigger, which refuses it unless ticklock set the token
+        # with SET LOCAL just before its own COMMIT; SET CONSTRAINTS ... IMMEDIATE fires it
+        # early, with the same check. Deleting or changing the row fires it too. It runs
+        # with pg_catalog's functions and operators only: a search_path a handler set
+        # cannot put others first.
+        "seals": f"""
+CREATE TABLE IF NOT EXISTS {s}.seals (seal bytea PRIMARY KEY);
+CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_catalog.sha256(pg_catalog.convert_to(
+        coalesce(pg_catalog.current_setting('{SEAL_SETTING}', true), ''), 'UTF8'))
+        IS DISTINCT FROM (CASE TG_OP WHEN 'DELETE' THEN OLD.seal ELSE NEW.seal END) THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = {literal(SEAL_REFUSED)},
+            HINT = {literal(SEAL_HINT)};
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER seal AFTER INSERT OR UPDATE OR DELETE ON {s}.seals
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE PROCEDURE {s}.seal_check();""",
         "schema_version": f"""
 CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer NOT NULL);
 INSERT INTO {s}.schema_version (version)
@@ -170,41 +226,90 @@ def upgrades(schema: str) -> dict[int, str]:
         "ADD COLUMN IF NOT EXISTS capped boolean NOT NULL DEFAULT false",
         # the ledger: the jobs' specs (its new tables come with migration())
         6: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS spec jsonb",
+        # the seals: the table, its function and trigger come with migration()
+        7: "",
     }
 
 
-async def migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
+async def migrate(
+    conn: asyncpg.Connection[Any],
+    schema: str,
+    *,
+    wait: float = START_WAIT,
+    waiting: Callable[[], None] | None = None,
+) -> str:
     """Create or upgrade ticklock's tables; returns ``"created"``, ``"upgraded"`` or
     ``"current"``. Idempotent, and safe when replicas start at once.
 
     Tables already at the current version are not touched: DDL on them would take locks
-    that wait behind ticks in flight and hold up every other tick meanwhile. A
-    transaction-level advisory lock serialises concurrent migrations.
+    that wait behind ticks in flight. An upgrade's DDL on a table that a run in flight holds
+    waits until that run ends, and every other statement on the table queues behind it: so
+    each attempt, one transaction, gives up a lock wait after :data:`LOCK_TIMEOUT_MS` and
+    changes nothing, and the next is tried after a backoff, for up to ``wait`` seconds;
+    then :class:`SchemaBusy`. ``waiting`` is called once, when the first attempt gave up.
+    A transaction-level advisory lock serialises concurrent migrations.
     """
+    import asyncpg
+
+    deadline = time.monotonic() + wait
+    delay = RETRY_FIRST
+    told = False
+    while True:
+        try:
+            return await _attempt(conn, schema)
+        except asyncpg.LockNotAvailableError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SchemaBusy(
+                    f"the upgrade of ticklock's tables in schema {schema!r} waited {wait:g} s "
+                    "for the runs in flight to end (a run's transaction holds the tables it "
+                    "read until it ends) and changed nothing; it can be run again"
+                ) from exc
+            if waiting is not None and not told:
+                told = True
+                waiting()
+            await anyio.sleep(min(delay, left))
+            delay = min(delay * 2, RETRY_MAX)
+
+
+async def _attempt(conn: asyncpg.Connection[Any], schema: str) -> str:
+    """One attempt of :func:`migrate`, in a transaction of its own: rolled back (shielded,
+    so that a cancelled attempt returns its connection clean) unless it succeeds."""
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        await conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+        done = await _migrate(conn, schema)
+    except BaseException:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_SECONDS):
+            await transaction.rollback()
+        raise
+    await transaction.commit()
+    return done
+
+
+async def _migrate(conn: asyncpg.Connection[Any], schema: str) -> str:
     s = quote(schema)
-    async with conn.transaction():
-        # an upgrade's DDL waits behind the ticks in flight, and every tick behind it: give
-        # up after a while instead (the caller tries again), never stall the fleet
-        await conn.execute(f"SET LOCAL lock_timeout = {MIGRATION_LOCK_TIMEOUT_MS}")
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
-        rows = await conn.fetch(
-            "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass($2 || '.' || t) IS NULL",
-            list(_TABLES),
-            s,
-        )
-        absent = frozenset(row["t"] for row in rows)
-        if absent:  # a new schema, one from before a table was added, or tables dropped
-            await conn.execute(migration(schema, absent))
-            if len(absent) == len(_TABLES):
-                return "created"
-        version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
-        if version is None:  # the table was emptied: the tables are those of this version
-            await conn.execute(f"INSERT INTO {s}.schema_version (version) VALUES ($1)", VERSION)
-            return "upgraded"
-        if version >= VERSION:
-            return "upgraded" if absent else "current"
-        steps = upgrades(schema)
-        for step in range(version, VERSION):
-            await conn.execute(steps[step])
-        await conn.execute(f"UPDATE {s}.schema_version SET version = $1", VERSION)
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(schema, _MIGRATION_LOCK))
+    rows = await conn.fetch(
+        "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass($2 || '.' || t) IS NULL",
+        list(_TABLES),
+        s,
+    )
+    absent = frozenset(row["t"] for row in rows)
+    if absent:  # a new schema, one from before a table was added, or tables dropped
+        await conn.execute(migration(schema, absent))
+        if len(absent) == len(_TABLES):
+            return "created"
+    version = await conn.fetchval(f"SELECT max(version) FROM {s}.schema_version")
+    if version is None:  # the table was emptied: the tables are those of this version
+        await conn.execute(f"INSERT INTO {s}.schema_version (version) VALUES ($1)", VERSION)
         return "upgraded"
+    if version >= VERSION:
+        return "upgraded" if absent else "current"
+    steps = upgrades(schema)
+    for step in range(version, VERSION):
+        if steps[step]:
+            await conn.execute(steps[step])
+    await conn.execute(f"UPDATE {s}.schema_version SET version = $1", VERSION)
+    return "upgraded"

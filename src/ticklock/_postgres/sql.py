@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .._coordination import FUTURE_LIMIT
-from .schema import literal, quote
+from .schema import SEAL_SETTING, literal, quote
 
 if TYPE_CHECKING:
     pass
@@ -22,13 +22,16 @@ class Statements:
     the lock), the server-side timeouts the tick set still hold, and the slot and end are not
     more than ``FUTURE_LIMIT`` seconds in the database's future (``$14``: the anchor of
     :mod:`.dbtime`); it says which check failed, and (``$13``: the handler used its
-    connection) whether SQL prepared statements are left. ``failure``'s ``$11`` is the anchor,
-    and ``$14`` the absence alarm's instant, from the run's end as for a success.
+    connection) whether SQL prepared statements are left; it deletes the transaction's seal
+    (``$19``). ``failure``'s ``$11`` is the anchor, and ``$14`` the absence alarm's instant,
+    from the run's end as for a success.
     """
 
     def __init__(self, schema: str) -> None:
         s = quote(schema)
+        # the state under the lock, and the seal of the tick's transaction ($3, see .tick)
         self.state = (
+            f"WITH seal AS (INSERT INTO {s}.seals (seal) VALUES ($3::bytea)) "
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
             "coalesce(j.consecutive_failures, 0), j.failed_slot, "
             "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner, "
@@ -38,7 +41,8 @@ class Statements:
         )
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
         tables = ", ".join(
-            f"'{s}.{t}'" for t in ("jobs", "runs", "replicas", "presence", "outages", "audit")
+            f"'{s}.{t}'"
+            for t in ("jobs", "runs", "replicas", "presence", "outages", "audit", "seals")
         )
         self.ungranted = f"""
 SELECT array_agg(what ORDER BY what) FROM (
@@ -147,6 +151,8 @@ WITH guard AS (
     INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
         report, manual, batches, capped)
     SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11, $17, $18 FROM j
+), sealed AS (
+    DELETE FROM {s}.seals WHERE seal = $19::bytea
 )
 SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
     $13::boolean AND {PREPARED}, fenced FROM guard"""
@@ -155,7 +161,7 @@ SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
         # the run's start on the database's clock plus its budget and a grace ($6 ms, see
         # .tick); a later one only if the fence is still its own ($5) and its hold has not
         # ended. $3: the cursor's JSON text; $4: the transaction's start; $7: the limits the
-        # batch set; $8: the handler used the connection.
+        # batch set; $8: the handler used the connection; $9: the batch's seal.
         batch_guard = f"SELECT now() = $4::timestamptz AS same_tx, {_bounded('$7')} AS bounded"
         self.batch = f"""
 WITH guard AS ({batch_guard}), first AS (
@@ -170,11 +176,15 @@ WITH guard AS ({batch_guard}), first AS (
     WHERE namespace = $1 AND job_id = $2 AND fence = $5::bigint
         AND busy_until > clock_timestamp() AND (SELECT same_tx AND bounded FROM guard)
     RETURNING fence
+), sealed AS (
+    DELETE FROM {s}.seals WHERE seal = $9::bytea
 )
 SELECT coalesce((SELECT fence FROM first), (SELECT fence FROM later)), same_tx, bounded,
     $8::boolean AND {PREPARED} FROM guard"""
-        # the start of a batch's transaction, and whether the run still holds the job ($3)
+        # the start of a batch's transaction, and whether the run still holds the job ($3);
+        # the seal of the batch's transaction ($4)
         self.batch_hold = (
+            f"WITH seal AS (INSERT INTO {s}.seals (seal) VALUES ($4::bytea)) "
             "SELECT now(), EXISTS (SELECT FROM "
             f"{s}.jobs WHERE namespace = $1 AND job_id = $2 AND fence = $3 "
             "AND busy_until > clock_timestamp())"
@@ -275,6 +285,15 @@ PREPARED = "EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
 without dropping asyncpg's own."""
 LEFTOVERS = f"; SELECT 1 WHERE {PREPARED}"
 """After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
+
+
+def sealed_commit(token: str) -> str:
+    """ticklock's own COMMIT of a tick's (or batch's) transaction: the one that sets the
+    token whose SHA-256 is the transaction's seal (see :mod:`.schema`), so the seal's trigger
+    lets it commit. ``token`` is ticklock's own hex text: safe to inline."""
+    if not token.isalnum():
+        raise ValueError(f"a hex token is needed, got {token!r}")
+    return f"SET LOCAL {SEAL_SETTING} = '{token}'; COMMIT"
 
 
 class Begun(enum.IntEnum):

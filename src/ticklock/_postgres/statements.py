@@ -141,9 +141,10 @@ def controls_transaction(words: tuple[str, ...]) -> bool:
     transaction it runs in.
 
     ``ROLLBACK TO [SAVEPOINT]`` undoes to a savepoint and keeps the transaction;
-    ``SAVEPOINT`` and ``RELEASE`` keep it too. ``SET [LOCAL|SESSION] TRANSACTION`` changes
-    it: the one form the server accepts once a transaction has run a query, ``READ ONLY``,
-    would make ticklock's own commit fail.
+    ``SAVEPOINT`` and ``RELEASE`` keep it too. ``SET [LOCAL|SESSION] TRANSACTION`` and
+    ``SET [LOCAL|SESSION] transaction_read_only`` change it: the one change the server
+    accepts once a transaction has run a query, read-only, would make ticklock's own commit
+    fail (the commit says so when it came by another route, ``set_config()`` say).
     """
     match words:
         case (first, *_) if first in _ENDS:
@@ -152,7 +153,9 @@ def controls_transaction(words: tuple[str, ...]) -> bool:
             return rest[:1] != ["TO"]
         case ("PREPARE", "TRANSACTION", *_):
             return True
-        case ("SET", "TRANSACTION", *_) | ("SET", "LOCAL" | "SESSION", "TRANSACTION", *_):
+        case ("SET", "TRANSACTION" | "TRANSACTION_READ_ONLY", *_):
+            return True
+        case ("SET", "LOCAL" | "SESSION", "TRANSACTION" | "TRANSACTION_READ_ONLY", *_):
             return True
     return False
 

@@ -10,6 +10,11 @@ whether any is left, and such a connection is closed instead of reused. The rese
 same simple query as the tick's COMMIT (just before it, inside the transaction) or its
 ROLLBACK (just after it): no extra round trip, and a tick that commits is one transaction.
 
+Only ticklock's own COMMIT can commit a tick: its transaction inserts a seal (the SHA-256 of
+a random token of the tick's, kept in this process) before the handler runs, whose deferred
+trigger refuses every COMMIT but the one that first sets the token (:func:`.sql.sealed_commit`),
+however a COMMIT reached the server; each batch's transaction has a seal of its own.
+
 The commit statement itself checks that the transaction is still the one that took the lock
 (a handler's ``COMMIT AND CHAIN`` would start another one, without the lock), that the
 server-side timeouts are still in force, and that the slot and end are not in the future of
@@ -19,7 +24,9 @@ otherwise stop the fleet until its clock's "now" comes).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +37,7 @@ from .._errors import (
     LimitsChanged,
     SlotAlreadyCommitted,
     TakenOver,
+    TransactionChanged,
     TransactionEnded,
 )
 from .._job import Job, RunResult
@@ -37,7 +45,7 @@ from .._lock_key import lock_key
 from .._plan import next_due, overdue_at
 from . import database
 from .connection import ConnectionLease
-from .sql import LEFTOVERS, begin_batch
+from .sql import LEFTOVERS, begin_batch, sealed_commit
 
 if TYPE_CHECKING:
     import asyncpg
@@ -73,6 +81,7 @@ class Tick:
         "acquired",
         "conn",
         "state",
+        "_token",
     )
 
     def __init__(
@@ -95,6 +104,12 @@ class Tick:
         self.conn: asyncpg.Connection[Any] | None = cast("asyncpg.Connection[Any]", self._lease)
         self.acquired = False
         self.state = FleetState()
+        self._token = secrets.token_hex(16)  # the current transaction's: see the module
+
+    @property
+    def seal(self) -> bytes:
+        """The seal the current transaction inserts (the SHA-256 of its token)."""
+        return hashlib.sha256(self._token.encode()).digest()
 
     async def commit_batch(self, cursor: str | None) -> None:
         """Commit the batch in flight with ``cursor``, if the run still holds the job; the
@@ -115,7 +130,7 @@ class Tick:
     async def _commit_batch(self, cursor: str | None) -> None:
         assert self.con is not None
         c = self._db
-        row = await self.con.fetchrow(
+        row = await self._checked(
             c.sql.batch,
             c.namespace,
             self._job_id,
@@ -125,6 +140,7 @@ class Tick:
             self._hold_ms,
             self._limit_ms,
             self._lease.used,
+            self.seal,
         )
         assert row is not None  # the statement returns one row
         fence, same_tx, bounded, prepared = row
@@ -133,9 +149,9 @@ class Tick:
             raise self._taken_over()
         if self._lease.used:  # no session state left behind on this server session
             self._lease.retire |= prepared
-            await self.con.execute(c.reset() + "COMMIT")
+            await self.con.execute(c.reset() + sealed_commit(self._token))
         else:
-            await self.con.execute("COMMIT")
+            await self.con.execute(sealed_commit(self._token))
         self.open = False
         self.fence = fence
 
@@ -166,7 +182,10 @@ class Tick:
                 ) from exc
             c.lost(exc)
             raise
-        row = await self.con.fetchrow(c.sql.batch_hold, c.namespace, self._job_id, self.fence)
+        self._token = secrets.token_hex(16)  # the batch's transaction's own
+        row = await self.con.fetchrow(
+            c.sql.batch_hold, c.namespace, self._job_id, self.fence, self.seal
+        )
         assert row is not None
         self.tx, ours = row
         if not ours:
@@ -229,7 +248,7 @@ class Tick:
     ) -> None:
         assert self.con is not None
         c = self._db
-        row = await self.con.fetchrow(
+        row = await self._checked(
             c.sql.commit,
             c.namespace,
             self._job_id,
@@ -249,6 +268,7 @@ class Tick:
             cursor,
             result.batches,
             result.capped,
+            self.seal,
         )
         assert row is not None  # the statement returns one row
         written, same_tx, bounded, ahead, prepared, fenced = row
@@ -268,10 +288,25 @@ class Tick:
         # commit, so a run is never recorded as failed after its writes committed.
         if self._lease.used:
             self._lease.retire |= prepared
-            await self.con.execute(self._db.reset() + "COMMIT")
+            await self.con.execute(self._db.reset() + sealed_commit(self._token))
         else:
-            await self.con.execute("COMMIT")
+            await self.con.execute(sealed_commit(self._token))
         self.open = False
+
+    async def _checked(self, statement: str, *args: object) -> asyncpg.Record | None:
+        """The row of a commit statement; a transaction the handler made read-only (which
+        the server refuses the statement in) raises :class:`TransactionChanged`."""
+        import asyncpg
+
+        assert self.con is not None
+        try:
+            return await self.con.fetchrow(statement, *args)
+        except asyncpg.ReadOnlySQLTransactionError as exc:  # the seal's INSERT was not refused
+            raise TransactionChanged(
+                "the handler made the tick's transaction read-only (transaction_read_only), "
+                "so ticklock could not record the run with the handler's writes: nothing was "
+                "committed. For a read-only handler, just write nothing"
+            ) from exc
 
     async def close(self) -> None:
         con, self.con, self.conn = self.con, None, None
