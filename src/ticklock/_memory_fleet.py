@@ -26,7 +26,7 @@ from ._fleet import (
     state_of,
 )
 from ._job import Job, JobHealth, Outcome, RunResult
-from ._ledger import LIMIT, Span, account
+from ._ledger import LIMIT, Incident, Span, account
 from ._ledger import Records as LedgerRecords
 from ._sharing import Member, owner_of
 
@@ -51,6 +51,7 @@ class Records(Protocol):
     declared: dict[str, Job]
     actions: deque[Action]
     since: datetime | None
+    incidents: deque[Incident]
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -233,6 +234,7 @@ class MemoryFleet:
             runs=[_record(run, None) for run in kept],
             actions=[a for a in db.actions if a.job_id == job_id],
             presence=presence,
+            incidents=list(db.incidents),
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
             horizon=db.since,
             declared_since=min((p.since for p in presence), default=None),

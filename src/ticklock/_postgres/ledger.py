@@ -1,8 +1,8 @@
 """The ledger's records of one job, read from ticklock's tables (see :mod:`ticklock._ledger`).
 
 The runs in the window (and the last one before it, and the first success after it), the
-replicas' presence, the outages they recorded, and the job's pauses from the audit log: a few
-indexed reads on one connection, however long the window.
+replicas' presence, what they recorded of themselves (outages, stalls, ticks refused), and the
+job's pauses from the audit log: a few indexed reads on one connection, however long the window.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import anyio
 
 from .. import _spec
 from .._fleet import Action, RunRecord, SlotRecord
-from .._ledger import LIMIT, Records, Span, account
+from .._ledger import LIMIT, UNREACHABLE, Incident, Records, Span, account
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
             f"FROM {s}.presence WHERE namespace = $1"
         )
         self._outages = (
-            f"SELECT owner, since, until FROM {s}.outages "
+            f"SELECT owner, since, until, kind, detail FROM {s}.outages "
             "WHERE namespace = $1 AND until >= $2 AND since <= $3"
         )
         self._steering = (
@@ -102,7 +102,16 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
             presence=[
                 Span(r["owner"], r["since"], r["until"], r["enabled"], r["left"]) for r in presence
             ],
-            outages=[Span(r["owner"], r["since"], r["until"]) for r in outages],
+            outages=[
+                Span(r["owner"], r["since"], r["until"])
+                for r in outages
+                if r["kind"] == UNREACHABLE
+            ],
+            incidents=[
+                Incident(r["owner"], r["kind"], r["since"], r["until"], r["detail"])
+                for r in outages
+                if r["kind"] != UNREACHABLE
+            ],
             paused_at=job["paused_at"],
             horizon=horizon,
             declared_since=declared_since,
