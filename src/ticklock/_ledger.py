@@ -48,6 +48,9 @@ LIVE_SLACK = timedelta(seconds=20)
 """A replica counts as live this long after its last recorded beat (it beats every 15 s)."""
 TOLERANCE = timedelta(seconds=1)
 """Instants closer than this are the same (an ``every`` slot against a run's end)."""
+TAKEOVER = timedelta(seconds=2)
+"""A backup runs a slot its owner missed within this of its latest fire: what kept a replica
+from that long after a slot kept it from the slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +91,10 @@ class Incident:
     """For a stall, the job whose handler blocked the loop (``None``: other code); for a
     clock ahead, by how many seconds."""
 
-    def covers(self, at: datetime) -> bool:
-        """Whether ``at`` lies in it (within :data:`TOLERANCE`)."""
-        return self.since - TOLERANCE <= at <= self.until + TOLERANCE
+    def covers(self, slot: datetime) -> bool:
+        """Whether it kept its replica from ``slot``: it began by when a backup runs a slot
+        its owner missed (:data:`TAKEOVER`), and ended after the slot."""
+        return self.since - TAKEOVER <= slot <= self.until + TOLERANCE
 
     def reason(self) -> str:
         """What it did to the replica's slots, in the ledger's words."""
@@ -104,7 +108,7 @@ class Incident:
                 f"replica {self.owner}'s clock is {ahead:.1f} s ahead of the database: "
                 "its ticks were refused"
             )
-        return f"the database was unreachable from replica {self.owner}"
+        return f"the database was unreachable (from {self.owner})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,20 +418,22 @@ class _Facts:
         recorded something that covers it."""
         if not declarers:
             return None
-        now, why = self.now, {}
+        now, why = self.now, dict[str, Incident]()
         for owner in sorted(declarers):
             down = [
                 Incident(owner, UNREACHABLE, s.since, s.until or now)
                 for s in self.records.outages
-                if s.owner == owner and s.covers(slot, now, TOLERANCE)
+                if s.owner == owner
             ]
-            found = down or [
-                i for i in self.records.incidents if i.owner == owner and i.covers(slot)
+            found = [
+                i for i in (*down, *self.records.incidents) if i.owner == owner and i.covers(slot)
             ]
             if not found:
                 return None
-            why[owner] = max(found, key=lambda i: i.until - i.since).reason()
-        return "; ".join(why.values())
+            why[owner] = max(found, key=lambda i: i.until - i.since)
+        cut = [owner for owner, i in why.items() if i.kind == UNREACHABLE]
+        said = [f"the database was unreachable (from {', '.join(cut)})"] if cut else []
+        return "; ".join(said + [i.reason() for i in why.values() if i.kind != UNREACHABLE])
 
 
 EXACT_STEPS = 60

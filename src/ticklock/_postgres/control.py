@@ -119,6 +119,7 @@ class Watch:
         self._heard: deque[float] = deque()  # when the last notifications came (monotonic)
         self._quiet_until = -math.inf  # no LISTEN until then: a storm of notifications
         self._failed = False  # the last beat failed
+        coordinator.ended = self.poke  # an outage ended: record it at once
 
     def poke(self) -> None:
         """Beat now (the listener was lost, or this replica steered a job)."""
@@ -187,6 +188,7 @@ class Watch:
         """One beat's statements; what this replica kept for the ledger goes with it."""
         c = self._coordinator
         async with c.connection() as conn:
+            asked, when = self._clock.monotonic(), self._clock.now()
             row = await conn.fetchrow(
                 c.sql.beat,
                 c.namespace,
@@ -200,7 +202,7 @@ class Watch:
                 self._fresh,
             )
             assert row is not None  # the statement returns one row
-            c.up()  # an outage it ends is recorded below
+            c.answered(asked, when)  # an outage it ends is recorded below
             # changed its jobs, or its second beat made it live: the others look now
             if send is not None or self._soon is not None:
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
@@ -349,6 +351,7 @@ class Watch:
         if c.ready and c.pool is not None:
             with contextlib.suppress(Exception):  # not there: it drops out when not seen
                 async with c.connection() as conn:
+                    await c.record_outages(conn)  # what it kept since its last beat
                     await conn.execute(
                         c.sql.leave, c.namespace, self._owner, CHANNEL, self._payload
                     )

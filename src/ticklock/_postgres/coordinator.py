@@ -277,6 +277,7 @@ class PostgresCoordinator:
             await self.db.reconnect()
         sent, since = self.db.clock.monotonic(), self.db.clock.now()
         try:
+            await self.db.fresh()
             assert self.db.pool is not None, "the coordinator is not open"
             conn = cast("asyncpg.Connection[Any]", await self.db.pool.acquire())
         except BaseException as exc:
@@ -286,9 +287,10 @@ class PostgresCoordinator:
         key = lock_key(self.namespace, job_id)
         answered = False
         try:
+            asked, when = self.db.clock.monotonic(), self.db.clock.now()
             begun = await self._begin(conn, key, budget, at)
             answered = True
-            self.db.up()
+            self.db.answered(asked, when)
             if begun is Begun.HELD:
                 begun = await self._take_over(attempt, key, job_id, budget, at)
             if begun is Begun.AHEAD:
@@ -306,6 +308,8 @@ class PostgresCoordinator:
         except BaseException as exc:
             if not answered:
                 self._failed(exc, sent, since)
+                if not isinstance(exc, Exception):
+                    attempt.abandon()
             elif isinstance(exc, Exception) and self.db.classify(exc):
                 self.db.down(exc)
             if isinstance(exc, Exception):
@@ -340,13 +344,14 @@ class PostgresCoordinator:
             async with self.db.connection() as conn:
                 ids = list(job_ids)
                 keys = [lock_key(self.namespace, job_id) for job_id in ids]
+                asked, when = self.db.clock.monotonic(), self.db.clock.now()
                 rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys)
         except BaseException as exc:
             self._failed(exc, sent, since)
             if isinstance(exc, Exception):
                 self.db.lost(exc)
             raise
-        self.db.up()
+        self.db.answered(asked, when)
         states = {
             row["job_id"]: FleetState(*tuple(row)[1:-1])
             for row in rows

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from random import Random
@@ -57,6 +57,9 @@ wait, doubling up to the cap (each drawn between half and all of it)."""
 UNANSWERED = 0.25
 """A call cut off (by its timeout) after waiting this many seconds without an answer means
 the database did not answer: an outage, noted as one that failed."""
+SLOW_ANSWER = 2.0
+"""A statement that waited this many seconds for its answer (ticklock's own, which take
+milliseconds) saw the database unreachable meanwhile: an outage, from when it was sent."""
 KEPT = 1000
 """The most records of what kept this replica from its slots waiting for the next beat."""
 TERMINATE_WAIT_MS = 1000
@@ -104,6 +107,11 @@ class Database:
         # what kept this replica from its slots, ended and not recorded yet (outages, stalls)
         self._incidents: deque[Incident] = deque(maxlen=KEPT)
         self._ahead: Incident | None = None  # the ticks refused since the last record
+        self._stalled_at = -math.inf  # when the event loop was last found blocked (monotonic)
+        self._up_at = -math.inf  # when an outage last ended (monotonic)
+        self._expire = False  # the pool's connections are from before an outage ended
+        self.ended: Callable[[], None] = _nothing
+        """Called when an outage ends (the heartbeat beats then, to record it)."""
         self.owner = owner
         """The replica this database is for (it records the outages it saw)."""
         self._cause = ""
@@ -194,9 +202,9 @@ class Database:
                     self._fix(exc),
                     RETRY_MAX,
                 )
-        if self._down_since is None:
-            self._down_since = time.monotonic()
         began = since or self.clock.now()
+        if self._down_since is None:  # since the call that found it was sent
+            self._down_since = time.monotonic() - (self.clock.now() - began).total_seconds()
         if self._down_at is None or began < self._down_at:
             self._down_at = began
         self._cause = cause
@@ -205,13 +213,27 @@ class Database:
         """A call sent at ``sent`` (monotonic; ``since`` on the wall clock) was cut off by its
         timeout without an answer: after :data:`UNANSWERED` seconds, the database did not
         answer (an outage begins then, as if the call had failed); unless every connection
-        of the pool is in use, as one may have waited for the others."""
+        of the pool is in use, as one may have waited for the others, or the event loop was
+        blocked meanwhile, so that no answer could be read."""
         waited = self.clock.monotonic() - sent
         pool = self.pool
         busy = pool is not None and pool.get_idle_size() == 0
         busy = busy and pool is not None and pool.get_size() >= pool.get_max_size()
-        if waited >= UNANSWERED and not busy:
+        stalled = self._stalled_at >= sent  # the loop was blocked: it heard no answer
+        if waited >= UNANSWERED and not busy and not stalled:
             self.down(TimeoutError(f"no answer within {waited:.1f} s"), since)
+
+    def answered(self, asked: float, since: datetime) -> None:
+        """A statement sent at ``asked`` (monotonic; ``since`` on the wall clock) was
+        answered: :meth:`up`; if it waited :data:`SLOW_ANSWER` seconds or more (and not for a
+        blocked event loop), the database was unreachable meanwhile, an outage that ends
+        now."""
+        waited = self.clock.monotonic() - asked
+        seen = self._stalled_at < asked and self._up_at < asked  # else not the database's
+        if waited >= SLOW_ANSWER and self._down_at is None and seen:
+            self._down_at = since
+            self._down_since = time.monotonic() - waited
+        self.up()
 
     def up(self) -> None:
         """Note that the database answered: an outage in progress ended (recorded by
@@ -220,6 +242,9 @@ class Database:
             now = self.clock.now()
             self._incidents.append(Incident(self.owner, UNREACHABLE, self._down_at, now))
             self._down_at = None
+            self._up_at = self.clock.monotonic()
+            self._expire = not self._given  # see connection()
+            self.ended()
         self._retry_delay = RETRY_FIRST
         self.problem = None
         if self._down_since is not None:
@@ -232,6 +257,7 @@ class Database:
         """Note that this replica's event loop was blocked for ``seconds``, until now, by
         ``job_id``'s handler (``None``: by other code), for the ledger."""
         now = self.clock.now()
+        self._stalled_at = self.clock.monotonic()
         since = now - timedelta(seconds=seconds)
         self._incidents.append(Incident(self.owner, STALLED, since, now, job_id))
 
@@ -301,9 +327,25 @@ class Database:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
         """A connection for ticklock's own statements outside a tick (no session state)."""
+        await self.fresh()
         assert self.pool is not None, "the coordinator is not open"
         async with self.pool.acquire() as proxy:
-            yield cast("asyncpg.Connection[Any]", proxy)
+            try:
+                yield cast("asyncpg.Connection[Any]", proxy)
+            except BaseException as exc:
+                if not isinstance(exc, Exception) or self.classify(exc):
+                    # cut off mid-call (a timeout) or lost: what it would answer later is
+                    # not known, so it is never used again
+                    proxy.terminate()
+                raise
+
+    async def fresh(self) -> None:
+        """Once an outage ended, replace every connection of the pool ticklock created (as
+        each is next acquired or released): one used during it may still wait for an answer
+        it will never get, or get one meant for a statement cut off long ago."""
+        if self._expire and self.pool is not None:
+            self._expire = False
+            await self.pool.expire_connections()
 
     async def release(self, con: asyncpg.Connection[Any]) -> None:
         """Give a tick's connection back to the pool (which replaces it if it was closed)."""
@@ -357,6 +399,10 @@ class Database:
             if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:
                 return Outcome.ERROR
         return None
+
+
+def _nothing() -> None:
+    """No heartbeat to tell."""
 
 
 def _answered(exc: BaseException) -> bool:

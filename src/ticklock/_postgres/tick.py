@@ -267,6 +267,12 @@ class Tick:
             await self.con.execute("COMMIT")
         self.open = False
 
+    def abandon(self) -> None:
+        """The connection was cut off mid-call (no answer in time): :meth:`close` closes it
+        without a word, as what it would answer later is not known."""
+        self.open = False
+        self._lease.retire = True
+
     async def close(self) -> None:
         con, self.con, self.conn = self.con, None, None
         if con is None:
