@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -188,7 +189,7 @@ class Watch:
         """One beat's statements; what this replica kept for the ledger goes with it."""
         c = self._coordinator
         async with c.connection() as conn:
-            asked, when = self._clock.monotonic(), self._clock.now()
+            asked, when = time.monotonic(), self._clock.now()
             row = await conn.fetchrow(
                 c.sql.beat,
                 c.namespace,

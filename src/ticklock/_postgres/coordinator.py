@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -275,7 +276,7 @@ class PostgresCoordinator:
         or the tick's start if later), try the lock, and read the job's state under it."""
         if not self.db.ready:
             await self.db.reconnect()
-        sent, since = self.db.clock.monotonic(), self.db.clock.now()
+        sent, since = time.monotonic(), self.db.clock.now()
         try:
             await self.db.fresh()
             assert self.db.pool is not None, "the coordinator is not open"
@@ -287,7 +288,7 @@ class PostgresCoordinator:
         key = lock_key(self.namespace, job_id)
         answered = False
         try:
-            asked, when = self.db.clock.monotonic(), self.db.clock.now()
+            asked, when = time.monotonic(), self.db.clock.now()
             begun = await self._begin(conn, key, budget, at)
             answered = True
             self.db.answered(asked, when)
@@ -339,12 +340,12 @@ class PostgresCoordinator:
         without taking the locks."""
         if not self.db.ready:
             await self.db.reconnect()
-        sent, since = self.db.clock.monotonic(), self.db.clock.now()
+        sent, since = time.monotonic(), self.db.clock.now()
         try:
             async with self.db.connection() as conn:
                 ids = list(job_ids)
                 keys = [lock_key(self.namespace, job_id) for job_id in ids]
-                asked, when = self.db.clock.monotonic(), self.db.clock.now()
+                asked, when = time.monotonic(), self.db.clock.now()
                 rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys)
         except BaseException as exc:
             self._failed(exc, sent, since)

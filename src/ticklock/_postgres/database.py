@@ -210,12 +210,13 @@ class Database:
         self._cause = cause
 
     def unanswered(self, sent: float, since: datetime) -> None:
-        """A call sent at ``sent`` (monotonic; ``since`` on the wall clock) was cut off by its
+        """A call sent at ``sent`` (``time.monotonic()``, real time whatever the scheduler's
+        clock; ``since`` on the scheduler's wall clock) was cut off by its
         timeout without an answer: after :data:`UNANSWERED` seconds, the database did not
         answer (an outage begins then, as if the call had failed); unless every connection
         of the pool is in use, as one may have waited for the others, or the event loop was
         blocked meanwhile, so that no answer could be read."""
-        waited = self.clock.monotonic() - sent
+        waited = time.monotonic() - sent
         pool = self.pool
         busy = pool is not None and pool.get_idle_size() == 0
         busy = busy and pool is not None and pool.get_size() >= pool.get_max_size()
@@ -224,11 +225,11 @@ class Database:
             self.down(TimeoutError(f"no answer within {waited:.1f} s"), since)
 
     def answered(self, asked: float, since: datetime) -> None:
-        """A statement sent at ``asked`` (monotonic; ``since`` on the wall clock) was
+        """A statement sent at ``asked`` (``time.monotonic()``; ``since`` on the wall clock) was
         answered: :meth:`up`; if it waited :data:`SLOW_ANSWER` seconds or more (and not for a
         blocked event loop), the database was unreachable meanwhile, an outage that ends
         now."""
-        waited = self.clock.monotonic() - asked
+        waited = time.monotonic() - asked
         seen = self._stalled_at < asked and self._up_at < asked  # else not the database's
         if waited >= SLOW_ANSWER and self._down_at is None and seen:
             self._down_at = since
@@ -242,7 +243,7 @@ class Database:
             now = self.clock.now()
             self._incidents.append(Incident(self.owner, UNREACHABLE, self._down_at, now))
             self._down_at = None
-            self._up_at = self.clock.monotonic()
+            self._up_at = time.monotonic()
             self._expire = not self._given  # see connection()
             self.ended()
         self._retry_delay = RETRY_FIRST
@@ -257,7 +258,7 @@ class Database:
         """Note that this replica's event loop was blocked for ``seconds``, until now, by
         ``job_id``'s handler (``None``: by other code), for the ledger."""
         now = self.clock.now()
-        self._stalled_at = self.clock.monotonic()
+        self._stalled_at = time.monotonic()
         since = now - timedelta(seconds=seconds)
         self._incidents.append(Incident(self.owner, STALLED, since, now, job_id))
 
