@@ -1,14 +1,21 @@
 """A TCP proxy between replicas and the test server that can drop everything (a network
 partition: connections are accepted and nothing is answered, as a firewall that drops packets
-does, not refused), and heal (what was held is delivered then, as TCP retransmits)."""
+does, not refused), and heal: what was sent meanwhile arrives when TCP would send it again
+after the heal (its retransmission timeout doubles), or never (``discard``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
+
+RTO = 0.2
+"""Seconds before TCP first sends a lost segment again (Linux's least); then twice as long each
+time."""
 
 
 class Blackhole:
@@ -17,6 +24,7 @@ class Blackhole:
 
     def __init__(self, dsn: str, *, discard: bool = False) -> None:
         self._discard = discard
+        self._healed = -math.inf
         parts = urlsplit(dsn)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self._dsn = parts
@@ -43,7 +51,17 @@ class Blackhole:
 
     def heal(self) -> None:
         """Let everything through again, what was held first."""
+        self._healed = time.monotonic()
         self._open.set()
+
+    async def _retransmitted(self, sent: float) -> None:
+        """Wait until the heal, and then until TCP would send again what was sent at ``sent``
+        (its retransmission timeout doubles from :data:`RTO`)."""
+        await self._open.wait()
+        at = sent + RTO
+        while at < self._healed:
+            at = sent + (at - sent) * 2 + RTO
+        await asyncio.sleep(at - time.monotonic())
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -81,9 +99,10 @@ class Blackhole:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
-                if self._discard and not self._open.is_set():
-                    continue
-                await self._open.wait()  # held while dropping
+                if not self._open.is_set():
+                    if self._discard:
+                        continue
+                    await self._retransmitted(time.monotonic())
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()  # one side closed: close the other

@@ -334,7 +334,7 @@ class Database:
             try:
                 yield cast("asyncpg.Connection[Any]", proxy)
             except BaseException as exc:
-                if not isinstance(exc, Exception) or self.classify(exc):
+                if not isinstance(exc, Exception) or isinstance(exc, OSError):
                     # cut off mid-call (a timeout) or lost: what it would answer later is
                     # not known, so it is never used again
                     proxy.terminate()
