@@ -214,14 +214,15 @@ class Database:
         clock; ``since`` on the scheduler's wall clock) was cut off by its
         timeout without an answer: after :data:`UNANSWERED` seconds, the database did not
         answer (an outage begins then, as if the call had failed); unless every connection
-        of the pool is in use, as one may have waited for the others, or the event loop was
-        blocked meanwhile, so that no answer could be read."""
+        of the pool is in use, as one may have waited for the others, the event loop was
+        blocked meanwhile, so that no answer could be read, or an outage ended since."""
         waited = time.monotonic() - sent
         pool = self.pool
         busy = pool is not None and pool.get_idle_size() == 0
         busy = busy and pool is not None and pool.get_size() >= pool.get_max_size()
         stalled = self._stalled_at >= sent  # the loop was blocked: it heard no answer
-        if waited >= UNANSWERED and not busy and not stalled:
+        answers = self._up_at >= sent  # another call was answered since: no outage now
+        if waited >= UNANSWERED and not busy and not stalled and not answers:
             self.down(TimeoutError(f"no answer within {waited:.1f} s"), since)
 
     def answered(self, asked: float, since: datetime) -> None:
