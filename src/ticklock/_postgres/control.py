@@ -170,15 +170,17 @@ class Watch:
                 return
         declared = self._declared()
         send = declared if declared != self._sent else None
-        sent = self._clock.now()
+        sent, since = time.monotonic(), self._clock.now()
         try:
-            with anyio.fail_after(BEAT_LIMIT):
+            with anyio.fail_after(BEAT_LIMIT) as limit:
                 row, others = await self._send(send)
         except Exception as exc:
             if getattr(exc, "sqlstate", None) in _MISSING:
                 await self._repair("a table was missing")
-            elif c.classify(exc):  # TimeoutError too: no answer within BEAT_LIMIT
-                c.down(exc, sent)
+            elif limit.cancelled_caught:  # no answer within BEAT_LIMIT
+                c.unanswered(sent, since)
+            elif c.classify(exc):
+                c.down(exc, since)
             else:
                 logger.warning("the replica's heartbeat failed", exc_info=True)
             return
