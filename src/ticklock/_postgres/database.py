@@ -109,7 +109,7 @@ class Database:
         self._ahead: Incident | None = None  # the ticks refused since the last record
         self._stalled_at = -math.inf  # when the event loop was last found blocked (monotonic)
         self._up_at = -math.inf  # when an outage last ended (monotonic)
-        self._expire = False  # the pool's connections are from before an outage ended
+        self._expire = False  # the pool's connections are from before an outage began or ended
         self.ended: Callable[[], None] = _nothing
         """Called when an outage ends (the heartbeat beats then, to record it)."""
         self.owner = owner
@@ -205,6 +205,8 @@ class Database:
         began = since or self.clock.now()
         if self._down_since is None:  # since the call that found it was sent
             self._down_since = time.monotonic() - (self.clock.now() - began).total_seconds()
+        if self._down_at is None:  # an outage begins: no connection from before it is reused
+            self._expire = not self._given
         if self._down_at is None or began < self._down_at:
             self._down_at = began
         self._cause = cause
@@ -342,9 +344,10 @@ class Database:
                 raise
 
     async def fresh(self) -> None:
-        """Once an outage ended, replace every connection of the pool ticklock created (as
-        each is next acquired or released): one used during it may still wait for an answer
-        it will never get, or get one meant for a statement cut off long ago."""
+        """Once an outage began, and again once it ended, replace every connection of the
+        pool ticklock created (as each is next acquired or released): one from before may
+        wait for an answer it will never get (its packets lost, while a new connection is
+        bounded by its connect timeout), or get one meant for a statement cut off long ago."""
         if self._expire and self.pool is not None:
             self._expire = False
             await self.pool.expire_connections()
