@@ -378,6 +378,13 @@ def _stall(owner: str, since: float, until: float, job: str | None = "blocker") 
             "unknown: replicas a were live and declared the job, and no record explains why it "
             "did not run (a defect: please report it)",
         ),
+        (  # began once the slot's run was no longer due (its timeout and grace: 2 min)
+            ("a",),
+            (),
+            (_stall("a", 12.05, 13),),
+            "unknown: replicas a were live and declared the job, and no record explains why it "
+            "did not run (a defect: please report it)",
+        ),
         (  # another replica's stall explains nothing about this one
             ("a", "b"),
             (),
@@ -386,7 +393,16 @@ def _stall(owner: str, since: float, until: float, job: str | None = "blocker") 
             "it did not run (a defect: please report it)",
         ),
     ],
-    ids=["stall", "stall-elsewhere", "ahead", "outage-seen-by-a-look", "mixed", "ended", "other"],
+    ids=[
+        "stall",
+        "stall-elsewhere",
+        "ahead",
+        "outage-seen-by-a-look",
+        "mixed",
+        "ended",
+        "too-late",
+        "other",
+    ],
 )
 def test_what_each_replica_recorded_of_itself_says_why_it_did_not_run(
     declared: tuple[str, ...],

@@ -48,9 +48,6 @@ LIVE_SLACK = timedelta(seconds=20)
 """A replica counts as live this long after its last recorded beat (it beats every 15 s)."""
 TOLERANCE = timedelta(seconds=1)
 """Instants closer than this are the same (an ``every`` slot against a run's end)."""
-TAKEOVER = timedelta(seconds=2)
-"""A backup runs a slot its owner missed within this of its latest fire: what kept a replica
-from that long after a slot kept it from the slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +88,10 @@ class Incident:
     """For a stall, the job whose handler blocked the loop (``None``: other code); for a
     clock ahead, by how many seconds."""
 
-    def covers(self, slot: datetime) -> bool:
-        """Whether it kept its replica from ``slot``: it began by when a backup runs a slot
-        its owner missed (:data:`TAKEOVER`), and ended after the slot."""
-        return self.since - TAKEOVER <= slot <= self.until + TOLERANCE
+    def covers(self, slot: datetime, reach: timedelta) -> bool:
+        """Whether it kept its replica from ``slot``, which it could still have run ``reach``
+        after it (a backup looks, then runs it): it began by then, and ended after the slot."""
+        return self.since - reach <= slot <= self.until + TOLERANCE
 
     def reason(self) -> str:
         """What it did to the replica's slots, in the ledger's words."""
@@ -349,6 +346,8 @@ class _Facts:
         self.records = records
         self.now = now
         self.jitter = timedelta(seconds=spec.trigger.jitter)
+        # how long after a slot it may still run (as long as it is pending)
+        self.reach = timedelta(seconds=spec.timeout + spec.overdue_grace) + self.jitter + TOLERANCE
         self.pauses = _pauses(records.actions, records.paused_at, runs)
         self.by_start = sorted(runs, key=lambda r: r.started_at)
         self.starts = [r.started_at for r in self.by_start]
@@ -426,7 +425,9 @@ class _Facts:
                 if s.owner == owner
             ]
             found = [
-                i for i in (*down, *self.records.incidents) if i.owner == owner and i.covers(slot)
+                i
+                for i in (*down, *self.records.incidents)
+                if i.owner == owner and i.covers(slot, self.reach)
             ]
             if not found:
                 return None
