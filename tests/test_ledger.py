@@ -395,7 +395,7 @@ def _stall(owner: str, since: float, until: float, job: str | None = "blocker") 
     ],
     ids=[
         "stall",
-        "stall-elsewhere",
+        "stall-by-other-code",
         "ahead",
         "outage-seen-by-a-look",
         "mixed",
