@@ -10,6 +10,7 @@ Every handler writes one row to ``<schema>.log`` (:data:`LOG_TABLE`) through ``c
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -239,3 +240,19 @@ elif SCENARIO == "frozen-batches":
                 await anyio.Path(MARKER).touch()
                 await anyio.sleep(30)  # the test SIGSTOPs this process here
             await anyio.sleep(0.7)
+
+elif SCENARIO == "ticks":
+    # one short job, for a database cut off (a blackhole) or a clock ahead (REPLICA_SHIFT)
+    @scheduler.job(every(1), id="tick", timeout=0.5)
+    async def tick(ctx: JobContext) -> None:
+        await log(ctx, await begin(ctx), note=OWNER)
+
+elif SCENARIO == "blocked":
+    # a job whose handler blocks the event loop 5 s of every 8, beside a one-second job
+    @scheduler.job(every(3), id="blocker")
+    async def blocker(ctx: JobContext) -> None:
+        time.sleep(5)  # noqa: ASYNC251 (synchronous work on the event loop: every job waits)
+
+    @scheduler.job(every(1), id="victim", timeout=0.5)
+    async def victim(ctx: JobContext) -> None:
+        await log(ctx, await begin(ctx), note=OWNER)

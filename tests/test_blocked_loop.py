@@ -130,3 +130,37 @@ async def test_a_scheduled_handler_that_blocks_the_loop_is_named_once(
     [warning] = blocked_warnings(caplog)
     assert "by job 'blocker'" in warning.getMessage()
     assert beats > 2
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_ledger_names_the_job_that_blocked_the_loop_in_memory_too() -> None:
+    from datetime import datetime, timezone
+
+    from ticklock._fleet import Fate
+    from ticklock.testing import MemoryDatabase
+
+    db = MemoryDatabase()
+    scheduler = Scheduler(database=db, owner="m")
+    blocked = anyio.Event()
+
+    @scheduler.job(every(60), id="blocker")
+    async def blocker(ctx: JobContext) -> None:
+        time.sleep(1.2)  # noqa: ASYNC251 - the mistake this test is about
+        blocked.set()
+
+    @scheduler.job(every(0.2), id="victim", timeout=0.1)
+    async def victim(ctx: JobContext) -> None: ...
+
+    start = datetime.now(timezone.utc)
+    async with scheduler:
+        await blocked.wait()
+        await anyio.sleep(0.5)
+    [stall] = db.incidents
+    assert (stall.owner, stall.kind, stall.detail) == ("m", "stalled", "blocker")
+    assert round((stall.until - stall.since).total_seconds(), 1) == 1.2
+    ledger = await scheduler.fleet.slots("victim", start, datetime.now(timezone.utc))
+    cost = [s for s in ledger if s.fate in (Fate.COVERED, Fate.MISSED) and s.slot < stall.until]
+    assert cost, ledger
+    assert {s.reason for s in cost} == {
+        "replica m's event loop was blocked by job 'blocker' for 1.2 s"
+    }, ledger

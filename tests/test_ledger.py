@@ -8,7 +8,7 @@ import pytest
 
 from ticklock import cron, every
 from ticklock._fleet import Action, Fate, RunRecord
-from ticklock._ledger import Records, Span, account, walking
+from ticklock._ledger import AHEAD, STALLED, Incident, Records, Span, account, walking
 from ticklock._spec import Spec, from_json, to_json
 
 T0 = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
@@ -422,3 +422,94 @@ def test_a_days_ledger_costs_a_day_however_old_the_records(trigger: object) -> N
     assert year == days and len(year) == 1000
     assert year[0][1:] == ("skipped", "paused by ops at 2026-12-02T03:00:00+00:00")
     assert year_steps == days_steps <= 4 * 1440
+
+
+# --- what a replica recorded of itself: no "unknown" for what it can know --------------------
+
+
+def _stall(owner: str, since: float, until: float, job: str | None = "blocker") -> Incident:
+    return Incident(owner, STALLED, at(since), at(until), job)
+
+
+@pytest.mark.parametrize(
+    ("declared", "outages", "incidents", "reason"),
+    [
+        (
+            ("a",),
+            (),
+            (_stall("a", 9.95, 10.05),),
+            "replica a's event loop was blocked by job 'blocker' for 6.0 s",
+        ),
+        (
+            ("a",),
+            (),
+            (_stall("a", 9.95, 10.05, None),),
+            "replica a's event loop was blocked by code outside its jobs for 6.0 s",
+        ),
+        (
+            ("a",),
+            (),
+            (Incident("a", AHEAD, at(-1), at(20), "5.012"),),
+            "replica a's clock is 5.0 s ahead of the database: its ticks were refused",
+        ),
+        (  # a backup's look found the database cut off just after the slot: it could not run it
+            ("a", "b"),
+            (Span("a", at(8), at(12)), Span("b", at(10) + timedelta(seconds=1.5), at(12))),
+            (),
+            "the database was unreachable (from a, b)",
+        ),
+        (
+            ("a", "b"),
+            (Span("a", at(8), at(12)),),
+            (_stall("b", 9.9, 10.1),),
+            "the database was unreachable (from a); "
+            "replica b's event loop was blocked by job 'blocker' for 12.0 s",
+        ),
+        (  # over before the slot: no reason
+            ("a",),
+            (),
+            (_stall("a", 9.0, 9.9),),
+            "unknown: replicas a were live and declared the job, and no record explains why it "
+            "did not run (a defect: please report it)",
+        ),
+        (  # began once the slot's run was no longer due (its timeout and grace: 2 min)
+            ("a",),
+            (),
+            (_stall("a", 12.05, 13),),
+            "unknown: replicas a were live and declared the job, and no record explains why it "
+            "did not run (a defect: please report it)",
+        ),
+        (  # another replica's stall explains nothing about this one
+            ("a", "b"),
+            (),
+            (_stall("b", 9.9, 10.1),),
+            "unknown: replicas a, b were live and declared the job, and no record explains why "
+            "it did not run (a defect: please report it)",
+        ),
+    ],
+    ids=[
+        "stall",
+        "stall-by-other-code",
+        "ahead",
+        "outage-seen-by-a-look",
+        "mixed",
+        "ended",
+        "too-late",
+        "other",
+    ],
+)
+def test_what_each_replica_recorded_of_itself_says_why_it_did_not_run(
+    declared: tuple[str, ...],
+    outages: tuple[Span, ...],
+    incidents: tuple[Incident, ...],
+    reason: str,
+) -> None:
+    records = Records(
+        runs=[run(0)],
+        presence=tuple(Span(owner, at(-60), None) for owner in declared),
+        outages=outages,
+        incidents=incidents,
+        horizon=at(-60),
+    )
+    ledger = account(spec(), records, at(0), at(10), now=at(30))
+    assert fates(ledger)[1] == (10, "missed", reason)

@@ -215,6 +215,11 @@ class Coordinator(Protocol):
         """Make :meth:`watch` look again now (an operation was made here)."""
         ...
 
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep, for the ledger, that this replica's event loop was blocked for ``seconds``
+        until now by ``job_id``'s handler (``None``: by other code)."""
+        ...
+
     def classify(self, exc: BaseException) -> Outcome | None:
         """``Outcome.ERROR`` if ``exc`` means coordination was lost (outage, killed session)."""
         ...

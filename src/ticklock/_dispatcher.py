@@ -21,6 +21,7 @@ import heapq
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
 from typing import NoReturn
@@ -112,6 +113,9 @@ class Dispatcher:
         self._stale = 0  # heap items superseded before they came due
         self._walls = 0  # timers with a wall instant in the heap: the wall clock is watched
         self._blocks = 0  # handler steps reported by blocked()
+        self.stalled: Callable[[str | None, float], None] = _unnoted
+        """Told of each stall of the loop: the job whose handler blocked it (``None``: other
+        code) and for how many seconds (the coordinator keeps it for the ledger)."""
 
     def set(
         self, timer: Timer, base: float, *, lag: float = 0.0, wall: datetime | None = None
@@ -178,6 +182,7 @@ class Dispatcher:
     def blocked(self, job_id: str, seconds: float) -> None:
         """Warn that a step of ``job_id``'s handler held the event loop for ``seconds``."""
         self._blocks += 1
+        self.stalled(job_id, seconds)
         logger.warning(
             "the event loop was blocked for %.1f s by job %r: its handler runs synchronous "
             "work on the event loop, which holds up every job and the application; %s",
@@ -239,6 +244,7 @@ class Dispatcher:
                 and (late := clock.monotonic() - until) > BLOCKED_WARNING
                 and self._blocks == blocks  # else a handler's block, named already
             ):
+                self.stalled(None, late)
                 logger.warning(
                     "the event loop was blocked for %.1f s, so jobs start late: some code "
                     "runs synchronous work on the event loop; %s",
@@ -266,6 +272,10 @@ class Dispatcher:
         heapq.heapify(rebuilt)
         self._heap[:] = rebuilt
         self._stale = 0
+
+
+def _unnoted(job_id: str | None, seconds: float) -> None:
+    """No coordinator to tell (the scheduler is not running)."""
 
 
 def _lagged(base: float, lag: float, now: float) -> float:

@@ -4,8 +4,9 @@ count of the slots a run finds missed before its own, for the slot counters (:fu
 Nothing is stored per slot. The slots come from the schedule (a cron job's fires; an ``every``
 job's slots from its runs, one interval after each run's end, and one an interval while none
 ran), and each slot's fate from the records: the runs, the audit log (pauses), which replicas
-were live and what they declared (presence), and the database outages replicas recorded once
-they reconnected. :func:`account` is a pure function of those.
+were live and what they declared (presence), and what replicas recorded of themselves: the
+database outages they saw, their event loop's stalls and their ticks refused for their clock.
+:func:`account` is a pure function of those.
 
 A slot's fate, first match wins:
 
@@ -17,8 +18,10 @@ A slot's fate, first match wins:
 - due too recently for its run to have ended (slot + timeout + grace): ``pending``;
 - paused by an operator, declared disabled, the run before still running, or the watermark
   already past it: ``skipped``; so is a slot passed over by ``catch_up=False``;
-- otherwise ``missed``: the database was unreachable, no live replica declared the job, or no
-  record explains it (``unknown``: a defect, to report).
+- otherwise ``missed``: the database was unreachable, every replica that declared the job
+  recorded what kept it (the database unreachable from it, its event loop blocked by a job,
+  its clock ahead of the database's so that its ticks were refused), no live replica declared
+  the job, or no record explains it (``unknown``: a defect, to report).
 
 The ledger begins when the job was first declared, as far back as the records reach (no slot
 before it was owed). A covered or skipped slot carries the same reason as a missed one would
@@ -103,6 +106,44 @@ class Span:
         return self.since - TOLERANCE <= at <= (end if self.exact else end + slack)
 
 
+UNREACHABLE, STALLED, AHEAD = "unreachable", "stalled", "ahead"
+"""The kinds of :class:`Incident`: the database did not answer the replica; its event loop was
+blocked; its clock ran ahead of the database's, so its ticks were refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """What kept a replica from running its slots, as the replica itself recorded it."""
+
+    owner: str
+    kind: str
+    """:data:`UNREACHABLE`, :data:`STALLED` or :data:`AHEAD`."""
+    since: datetime
+    until: datetime
+    detail: str | None = None
+    """For a stall, the job whose handler blocked the loop (``None``: other code); for a
+    clock ahead, by how many seconds."""
+
+    def covers(self, slot: datetime, reach: timedelta) -> bool:
+        """Whether it kept its replica from ``slot``, which it could still have run ``reach``
+        after it (a backup looks, then runs it): it began by then, and ended after the slot."""
+        return self.since - reach <= slot <= self.until + TOLERANCE
+
+    def reason(self) -> str:
+        """What it did to the replica's slots, in the ledger's words."""
+        if self.kind == STALLED:
+            by = "code outside its jobs" if self.detail is None else f"job {self.detail!r}"
+            seconds = (self.until - self.since).total_seconds()
+            return f"replica {self.owner}'s event loop was blocked by {by} for {seconds:.1f} s"
+        if self.kind == AHEAD:
+            ahead = float(self.detail or 0)
+            return (
+                f"replica {self.owner}'s clock is {ahead:.1f} s ahead of the database: "
+                "its ticks were refused"
+            )
+        return f"the database was unreachable (from {self.owner})"
+
+
 @dataclass(frozen=True, slots=True)
 class Records:
     """What the ledger reads of one job."""
@@ -115,6 +156,8 @@ class Records:
     """The replicas that were live and declared the job."""
     outages: Sequence[Span] = ()
     """The database outages replicas recorded."""
+    incidents: Sequence[Incident] = ()
+    """What else replicas recorded that kept them from their slots (stalls, a clock ahead)."""
     paused_at: datetime | None = None
     """The pause in force now."""
     horizon: datetime | None = None
@@ -356,6 +399,8 @@ class _Facts:
         self.records = records
         self.now = now
         self.jitter = timedelta(seconds=spec.trigger.jitter)
+        # how long after a slot it may still run (as long as it is pending)
+        self.reach = timedelta(seconds=spec.timeout + spec.overdue_grace) + self.jitter + TOLERANCE
         self.pauses = _pauses(records.actions, records.paused_at, runs)
         self.by_start = sorted(runs, key=lambda r: r.started_at)
         self.starts = [r.started_at for r in self.by_start]
@@ -394,6 +439,9 @@ class _Facts:
                 f"the database was unreachable (from {', '.join(sorted(down))})",
                 None,
             )
+        explained = self._explained(slot, declarers)
+        if explained is not None:
+            return Fate.MISSED, explained, None
         beating = [s for s in live if s.enabled and (s.exact or s.until is None or s.until >= slot)]
         if declarers and not beating:
             last = max(s.until for s in live if s.enabled and s.until is not None)
@@ -415,6 +463,31 @@ class _Facts:
             "and no record explains why it did not run (a defect: please report it)",
             None,
         )
+
+    def _explained(self, slot: datetime, declarers: set[str]) -> str | None:
+        """Why each replica that declared the job did not run ``slot``, from what it recorded
+        (the database unreachable from it, its loop blocked, its clock ahead), if every one
+        recorded something that covers it."""
+        if not declarers:
+            return None
+        now, why = self.now, dict[str, Incident]()
+        for owner in sorted(declarers):
+            down = [
+                Incident(owner, UNREACHABLE, s.since, s.until or now)
+                for s in self.records.outages
+                if s.owner == owner
+            ]
+            found = [
+                i
+                for i in (*down, *self.records.incidents)
+                if i.owner == owner and i.covers(slot, self.reach)
+            ]
+            if not found:
+                return None
+            why[owner] = max(found, key=lambda i: i.until - i.since)
+        cut = [owner for owner, i in why.items() if i.kind == UNREACHABLE]
+        said = [f"the database was unreachable (from {', '.join(cut)})"] if cut else []
+        return "; ".join(said + [i.reason() for i in why.values() if i.kind != UNREACHABLE])
 
 
 EXACT_STEPS = 60

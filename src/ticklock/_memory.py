@@ -27,6 +27,7 @@ from ._coordination import Control, Declared, FleetState, OnView
 from ._errors import SlotAlreadyCommitted
 from ._fleet import Action, Fleet, Replica
 from ._job import Job, JobHealth, Outcome, RunResult, fingerprint
+from ._ledger import STALLED, Incident
 from ._memory_fleet import MemoryFleet, Presence
 from ._sharing import LIVE, Member
 
@@ -72,6 +73,8 @@ class MemoryDatabase:
         self.actions: deque[Action] = deque(maxlen=self.RECORDS)
         self.past: deque[Presence] = deque(maxlen=self.RECORDS)
         """The replicas that were live and left (or died)."""
+        self.incidents: deque[Incident] = deque(maxlen=self.RECORDS)
+        """What kept replicas from their slots, as they recorded it (their loops' stalls)."""
         self.since: datetime | None = None
         """When the first replica joined: the presence records reach back to here."""
         self._held: dict[str, _MemoryAttempt] = {}  # job id -> the attempt holding its lock
@@ -428,6 +431,12 @@ class MemoryCoordinator:
     def poke(self) -> None:
         """Something changed here (an operation, a job given up): every replica looks again."""
         self.db.changed()
+
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep a stall of this replica's loop, for the ledger."""
+        now = self._clock.now()
+        since = now - timedelta(seconds=seconds)
+        self.db.incidents.append(Incident(self.owner, STALLED, since, now, job_id))
 
     def classify(self, exc: BaseException) -> Outcome | None:
         """``ERROR`` for a replica frozen or killed, or a commit refused."""

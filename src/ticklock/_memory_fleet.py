@@ -26,7 +26,7 @@ from ._fleet import (
     state_of,
 )
 from ._job import Job, JobHealth, Outcome, RunResult
-from ._ledger import LIMIT, TEXT, Span, account
+from ._ledger import LIMIT, TEXT, Incident, Span, account
 from ._ledger import Records as LedgerRecords
 from ._sharing import Member, owner_of
 
@@ -51,6 +51,7 @@ class Records(Protocol):
     declared: dict[str, Job]
     actions: deque[Action]
     since: datetime | None
+    incidents: deque[Incident]
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -236,6 +237,7 @@ class MemoryFleet:
             presence=[
                 p for p in presence if (p.until is None or p.until >= reach) and p.since <= until
             ],
+            incidents=list(db.incidents),
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
             horizon=db.since,
             declared_since=min((p.since for p in presence), default=None),

@@ -58,6 +58,7 @@ class Service:
     async def run(self, task_status: TaskStatus[None]) -> None:
         """Until cancelled (see :meth:`Scheduler.run <ticklock.Scheduler.run>`)."""
         crew, coordinator = self._crew, self._coordinator
+        crew.dispatcher.stalled = coordinator.stalled  # the ledger names this replica's stalls
         try:
             await coordinator.open()
             try:

@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -69,6 +70,9 @@ CONFIRM = 1.0
 """Seconds after a replica's first beat before its second, which makes it live for the others."""
 PRUNE = 600.0
 """Seconds after its last beat before a replica's row is deleted."""
+BEAT_LIMIT = 5.0
+"""Seconds a beat may take: one that gets no answer sooner fails (the database is noted
+unreachable from this replica), and the next beat comes :data:`BEAT_FAST` seconds later."""
 MIN_GAP = 0.5
 """The least seconds between two beats that notifications cause."""
 STORM, STORM_WINDOW, STORM_QUIET = 1000, 10.0, 60.0
@@ -113,6 +117,8 @@ class Watch:
         self._soon: float | None = None  # a beat due before the regular one (monotonic)
         self._heard: deque[float] = deque()  # when the last notifications came (monotonic)
         self._quiet_until = -math.inf  # no LISTEN until then: a storm of notifications
+        self._failed = False  # the last beat failed
+        coordinator.ended = self.poke  # an outage ended: record it at once
 
     def poke(self) -> None:
         """Beat now (the listener was lost, or this replica steered a job)."""
@@ -137,7 +143,9 @@ class Watch:
                 if self._woken:  # at most one beat a MIN_GAP for what woke it
                     await clock.sleep_until(last + MIN_GAP)
                     continue
-                due = last + (BEAT_SLOW if listening else BEAT_FAST)
+                # a beat that failed: the next one soon, to see the database answer again
+                slow = listening and not self._failed
+                due = last + (BEAT_SLOW if slow else BEAT_FAST)
                 if self._soon is not None:
                     due = min(due, self._soon)
                 with anyio.CancelScope() as scope:
@@ -151,6 +159,7 @@ class Watch:
                 await self._leave()
 
     async def _beat(self) -> None:
+        self._failed = True  # until it succeeds
         c = self._coordinator
         if not c.ready:  # the database was lost: try it now (with the ticks' backoff)
             with contextlib.suppress(DatabaseUnavailable):
@@ -159,32 +168,57 @@ class Watch:
                 return
         declared = self._declared()
         send = declared if declared != self._sent else None
+        sent, since = time.monotonic(), self._clock.now()
         try:
-            async with c.connection() as conn:
-                row = await conn.fetchrow(
-                    c.sql.beat,
-                    c.namespace,
-                    self._owner,
-                    None if send is None else send.enabled,
-                    None if send is None else send.disabled,
-                    LIVE,
-                    None if send is None else send.fingerprints,
-                    None if send is None else send.failing,
-                    PRUNE,
-                    self._fresh,
-                )
-                assert row is not None  # the statement returns one row
-                # changed its jobs, or its second beat made it live: the others look now
-                if send is not None or self._soon is not None:
-                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
-                others = await self._view(conn, row["owners"] or [], row["declared"] or [])
-                await c.record_outages(conn)
+            with anyio.fail_after(BEAT_LIMIT) as limit:
+                row, others = await self._send(send)
         except Exception as exc:
             if getattr(exc, "sqlstate", None) in _MISSING:
                 await self._repair("a table was missing")
-            elif not c.classify(exc):
+            elif limit.cancelled_caught:  # no answer within BEAT_LIMIT
+                c.unanswered(sent, since)
+            elif c.classify(exc):
+                c.down(exc, since)
+            else:
                 logger.warning("the replica's heartbeat failed", exc_info=True)
             return
+        self._failed = False
+        await self._took(row, others, send, declared)
+
+    async def _send(self, send: Declared | None) -> tuple[asyncpg.Record, dict[str, Member]]:
+        """One beat's statements; what this replica kept for the ledger goes with it."""
+        c = self._coordinator
+        async with c.connection() as conn:
+            asked, when = time.monotonic(), self._clock.now()
+            row = await conn.fetchrow(
+                c.sql.beat,
+                c.namespace,
+                self._owner,
+                None if send is None else send.enabled,
+                None if send is None else send.disabled,
+                LIVE,
+                None if send is None else send.fingerprints,
+                None if send is None else send.failing,
+                PRUNE,
+                self._fresh,
+            )
+            assert row is not None  # the statement returns one row
+            c.answered(asked, when)  # an outage it ends is recorded below
+            # changed its jobs, or its second beat made it live: the others look now
+            if send is not None or self._soon is not None:
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+            others = await self._view(conn, row["owners"] or [], row["declared"] or [])
+            await c.record_outages(conn)
+        return row, others
+
+    async def _took(
+        self,
+        row: asyncpg.Record,
+        others: dict[str, Member],
+        send: Declared | None,
+        declared: Declared,
+    ) -> None:
+        """Take in what a beat read."""
         if not row["whole"]:
             await self._repair("a table was missing")
         if row["inserted"] or self._fresh:  # joined: beat again soon, to be live for the others
@@ -318,6 +352,7 @@ class Watch:
         if c.ready and c.pool is not None:
             with contextlib.suppress(Exception):  # not there: it drops out when not seen
                 async with c.connection() as conn:
+                    await c.record_outages(conn)  # what it kept since its last beat
                     await conn.execute(
                         c.sql.leave, c.namespace, self._owner, CHANNEL, self._payload
                     )

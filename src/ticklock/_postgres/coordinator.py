@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -186,6 +187,10 @@ class PostgresCoordinator:
         if self._watch is not None:
             self._watch.poke()
 
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep a stall of this replica's loop; its next beat records it."""
+        self.db.stalled(job_id, seconds)
+
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """Register the jobs (a row each, if new), read the namespace's fleet state, and move
         the overdue instants that ``ticklock status`` reads to the schedules declared now.
@@ -290,20 +295,25 @@ class PostgresCoordinator:
         or the tick's start if later), try the lock, and read the job's state under it."""
         if not self.db.ready:
             await self.db.reconnect()
+        sent, since = time.monotonic(), self.db.clock.now()
         try:
+            await self.db.fresh()
             assert self.db.pool is not None, "the coordinator is not open"
             conn = cast("asyncpg.Connection[Any]", await self.db.pool.acquire())
-        except Exception as exc:
-            if self.db.classify(exc):
-                self.db.down(exc)
+        except BaseException as exc:
+            self._failed(exc, sent, since)
             raise
         attempt = Tick(self.db, job_id, conn, limit_ms(budget))
+        answered = False
         try:
+            asked, when = time.monotonic(), self.db.clock.now()
             begun = await self._begin(conn, job_id, budget, at)
-            self.db.up()
+            answered = True
+            self.db.answered(asked, when)
             if begun is Begun.HELD:
                 begun = await self._take_over(attempt, job_id, budget, at)
             if begun is Begun.AHEAD:
+                self.db.refused(at)
                 raise self._ahead(at)
             if begun is not Begun.ACQUIRED:
                 return attempt  # held by another replica: close() rolls back
@@ -315,12 +325,24 @@ class PostgresCoordinator:
             attempt.state = FleetState(*state)
             return attempt
         except BaseException as exc:
-            if isinstance(exc, Exception) and self.db.classify(exc):
+            if not answered:
+                self._failed(exc, sent, since)
+                if not isinstance(exc, Exception):
+                    attempt.abandon()
+            elif isinstance(exc, Exception) and self.db.classify(exc):
                 self.db.down(exc)
             if isinstance(exc, Exception):
                 self.db.lost(exc)
             await attempt.close()
             raise
+
+    def _failed(self, exc: BaseException, sent: float, since: datetime) -> None:
+        """A call sent at ``sent`` (``since`` on the wall clock) got no answer: it failed for
+        the database (an outage from then on), or was cut off by its timeout."""
+        if not isinstance(exc, Exception):
+            self.db.unanswered(sent, since)
+        elif self.db.classify(exc):
+            self.db.down(exc, since)
 
     def _ahead(self, at: datetime) -> ClockAhead:
         anchor = self.db.anchor()
@@ -338,16 +360,19 @@ class PostgresCoordinator:
         attempt now would end its session."""
         if not self.db.ready:
             await self.db.reconnect()
+        sent, since = time.monotonic(), self.db.clock.now()
         try:
             async with self.db.connection() as conn:
                 ids = list(job_ids)
                 keys = [lock_key(self.namespace, job_id, schema=self.schema) for job_id in ids]
+                asked, when = time.monotonic(), self.db.clock.now()
                 rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys)
-        except Exception as exc:
-            if self.db.classify(exc):
-                self.db.down(exc)
-            self.db.lost(exc)
+        except BaseException as exc:
+            self._failed(exc, sent, since)
+            if isinstance(exc, Exception):
+                self.db.lost(exc)
             raise
+        self.db.answered(asked, when)
         states = {
             row["job_id"]: FleetState(*tuple(row)[1:-1])
             for row in rows

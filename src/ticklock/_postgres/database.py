@@ -16,9 +16,10 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from random import Random
 from typing import TYPE_CHECKING, Any, cast
 
@@ -35,6 +36,7 @@ from .._errors import (
     describe,
 )
 from .._job import Outcome
+from .._ledger import AHEAD, STALLED, UNREACHABLE, Incident
 from .connection import Pooler, create_pool
 from .dbtime import database_time
 from .schema import migrate
@@ -53,6 +55,14 @@ CLEANUP_SECONDS = 5.0
 RETRY_FIRST, RETRY_MAX = 0.5, 30.0
 """Seconds between attempts to reach a database that did not answer at start-up: the first
 wait, doubling up to the cap (each drawn between half and all of it)."""
+UNANSWERED = 0.25
+"""A call cut off (by its timeout) after waiting this many seconds without an answer means
+the database did not answer: an outage, noted as one that failed."""
+SLOW_ANSWER = 2.0
+"""A statement that waited this many seconds for its answer (ticklock's own, which take
+milliseconds) saw the database unreachable meanwhile: an outage, from when it was sent."""
+KEPT = 1000
+"""The most records of what kept this replica from its slots waiting for the next beat."""
 TERMINATE_WAIT_MS = 1000
 """How long a replica that ends a stale holder's session waits for it to go (PostgreSQL 14+)."""
 _LOST_STATES = ("08", "57")  # connection exceptions; operator intervention / query canceled
@@ -95,7 +105,14 @@ class Database:
         """Whether the database answered and the schema is migrated."""
         self._down_since: float | None = None  # the outage in progress (monotonic seconds)
         self._down_at: datetime | None = None  # and when it began, for the outages record
-        self._outages: list[tuple[datetime, datetime]] = []  # ended, not recorded yet
+        # what kept this replica from its slots, ended and not recorded yet (outages, stalls)
+        self._incidents: deque[Incident] = deque(maxlen=KEPT)
+        self._ahead: Incident | None = None  # the ticks refused since the last record
+        self._stalled_at = -math.inf  # when the event loop was last found blocked (monotonic)
+        self._up_at = -math.inf  # when an outage last ended (monotonic)
+        self._expire = False  # the pool's connections are from before an outage began or ended
+        self.ended: Callable[[], None] = _nothing
+        """Called when an outage ends (the heartbeat beats then, to record it)."""
         self.owner = owner
         """The replica this database is for (it records the outages it saw)."""
         self._cause = ""
@@ -156,9 +173,10 @@ class Database:
         self.ready = True
         self.up()
 
-    def down(self, exc: BaseException) -> None:
-        """Note a failed attempt: log the start of an outage (or a change of its cause) once,
-        without a traceback, and put off the next attempt to migrate (jittered backoff)."""
+    def down(self, exc: BaseException, since: datetime | None = None) -> None:
+        """Note a failed attempt (``since``: when the call that failed was sent): log the
+        start of an outage (or a change of its cause) once, without a traceback, and put off
+        the next attempt to migrate (jittered backoff)."""
         wait = self._retry_delay * self._random.uniform(0.5, 1.0)
         self._retry_at = self.clock.monotonic() + wait
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
@@ -194,18 +212,53 @@ class Database:
                     self._fix(exc),
                     RETRY_MAX,
                 )
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-        if self._down_at is None:
-            self._down_at = self.clock.now()
+        began = since or self.clock.now()
+        if self._down_since is None:  # since the call that found it was sent
+            self._down_since = time.monotonic() - (self.clock.now() - began).total_seconds()
+        if self._down_at is None:  # an outage begins: no connection from before it is reused
+            self._expire = not self._given
+        if self._down_at is None or began < self._down_at:
+            self._down_at = began
         self._cause = cause
+
+    def unanswered(self, sent: float, since: datetime) -> None:
+        """A call sent at ``sent`` (``time.monotonic()``, real time whatever the scheduler's
+        clock; ``since`` on the scheduler's wall clock) was cut off by its
+        timeout without an answer: after :data:`UNANSWERED` seconds, the database did not
+        answer (an outage begins then, as if the call had failed); unless every connection
+        of the pool is in use, as one may have waited for the others, the event loop was
+        blocked meanwhile, so that no answer could be read, or an outage ended since."""
+        waited = time.monotonic() - sent
+        pool = self.pool
+        busy = pool is not None and pool.get_idle_size() == 0
+        busy = busy and pool is not None and pool.get_size() >= pool.get_max_size()
+        stalled = self._stalled_at >= sent  # the loop was blocked: it heard no answer
+        answers = self._up_at >= sent  # another call was answered since: no outage now
+        if waited >= UNANSWERED and not busy and not stalled and not answers:
+            self.down(TimeoutError(f"no answer within {waited:.1f} s"), since)
+
+    def answered(self, asked: float, since: datetime) -> None:
+        """A statement sent at ``asked`` (``time.monotonic()``; ``since`` on the wall clock) was
+        answered: :meth:`up`; if it waited :data:`SLOW_ANSWER` seconds or more (and not for a
+        blocked event loop), the database was unreachable meanwhile, an outage that ends
+        now."""
+        waited = time.monotonic() - asked
+        seen = self._stalled_at < asked and self._up_at < asked  # else not the database's
+        if waited >= SLOW_ANSWER and self._down_at is None and seen:
+            self._down_at = since
+            self._down_since = time.monotonic() - waited
+        self.up()
 
     def up(self) -> None:
         """Note that the database answered: an outage in progress ended (recorded by
         :meth:`record_outages`)."""
         if self._down_at is not None:
-            self._outages.append((self._down_at, self.clock.now()))
+            now = self.clock.now()
+            self._incidents.append(Incident(self.owner, UNREACHABLE, self._down_at, now))
             self._down_at = None
+            self._up_at = time.monotonic()
+            self._expire = not self._given  # see connection()
+            self.ended()
         self._retry_delay = RETRY_FIRST
         self.problem = None
         if self._down_since is not None:
@@ -214,13 +267,48 @@ class Database:
             )
             self._down_since = None
 
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Note that this replica's event loop was blocked for ``seconds``, until now, by
+        ``job_id``'s handler (``None``: by other code), for the ledger."""
+        now = self.clock.now()
+        self._stalled_at = time.monotonic()
+        since = now - timedelta(seconds=seconds)
+        self._incidents.append(Incident(self.owner, STALLED, since, now, job_id))
+
+    def refused(self, at: datetime) -> None:
+        """Note a tick refused because ``at`` lies in the database's future (this replica's
+        clock runs ahead): the ticks refused between two beats make one record, from the
+        database's time of the first to the latest slot, so that it covers the slots as
+        either clock names them."""
+        anchor = self.anchor() or at
+        ahead = max(0.0, (at - anchor).total_seconds())
+        old = self._ahead
+        if old is not None:
+            anchor, at = min(anchor, old.since), max(at, old.until)
+            ahead = max(ahead, float(old.detail or 0))
+        self._ahead = Incident(self.owner, AHEAD, anchor, at, f"{ahead:.3f}")
+
     async def record_outages(self, conn: asyncpg.Connection[Any]) -> None:
-        """Record the outages this replica saw end (for the ledger), on ``conn``: its
-        heartbeat does, at its next beat once the database answers."""
-        while self._outages:
-            since, until = self._outages[0]
-            await conn.execute(self.sql.outage, self.namespace, self.owner, since, until)
-            del self._outages[0]
+        """Record what kept this replica from its slots (for the ledger), on ``conn``: the
+        outages it saw end, its loop's stalls and its ticks refused for its clock. Its
+        heartbeat does, at each beat (the next one once the database answers)."""
+        if self._ahead is not None:
+            self._incidents.append(self._ahead)
+            self._ahead = None
+        if not self._incidents:
+            return
+        kept = list(self._incidents)
+        await conn.execute(
+            self.sql.outage,
+            self.namespace,
+            self.owner,
+            [i.since for i in kept],
+            [i.until for i in kept],
+            [i.kind for i in kept],
+            [i.detail for i in kept],
+        )
+        for _ in kept:  # others may have been noted meanwhile
+            self._incidents.popleft()
 
     def explain(self, exc: BaseException) -> str:
         """One line for an error that fails start-up: its cause, and the fix."""
@@ -253,9 +341,26 @@ class Database:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection[Any]]:
         """A connection for ticklock's own statements outside a tick (no session state)."""
+        await self.fresh()
         assert self.pool is not None, "the coordinator is not open"
         async with self.pool.acquire() as proxy:
-            yield cast("asyncpg.Connection[Any]", proxy)
+            try:
+                yield cast("asyncpg.Connection[Any]", proxy)
+            except BaseException as exc:
+                if not isinstance(exc, Exception) or isinstance(exc, OSError):
+                    # cut off mid-call (a timeout) or lost: what it would answer later is
+                    # not known, so it is never used again
+                    proxy.terminate()
+                raise
+
+    async def fresh(self) -> None:
+        """Once an outage began, and again once it ended, replace every connection of the
+        pool ticklock created (as each is next acquired or released): one from before may
+        wait for an answer it will never get (its packets lost, while a new connection is
+        bounded by its connect timeout), or get one meant for a statement cut off long ago."""
+        if self._expire and self.pool is not None:
+            self._expire = False
+            await self.pool.expire_connections()
 
     async def release(self, con: asyncpg.Connection[Any]) -> None:
         """Give a tick's connection back to the pool (which replaces it if it was closed)."""
@@ -309,6 +414,10 @@ class Database:
             if state.startswith(_LOST_STATES) or state in _LOST_CODES | _TRANSIENT_CODES:
                 return Outcome.ERROR
         return None
+
+
+def _nothing() -> None:
+    """No heartbeat to tell."""
 
 
 def _answered(exc: BaseException) -> bool:

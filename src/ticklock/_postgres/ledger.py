@@ -2,8 +2,8 @@
 
 The runs in the window (and the last one before it, and the first success after it), each
 with its report and error cut to :data:`~ticklock._ledger.TEXT` characters; the replicas'
-presence, the outages they recorded, and the job's pauses from the audit log: a few indexed
-reads on one connection, however long the window.
+presence, what they recorded of themselves (outages, stalls, ticks refused), and the job's
+pauses from the audit log: a few indexed reads on one connection, however long the window.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import anyio
 from .. import _spec
 from .._caps import HEAD, MARKER_KEY, MARKER_MAX, cut_text, report_marker
 from .._fleet import Action, RunRecord, SlotRecord
-from .._ledger import LIMIT, TEXT, Records, Span, account
+from .._ledger import LIMIT, TEXT, UNREACHABLE, Incident, Records, Span, account
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
             f"FROM {s}.presence WHERE namespace = $1"
         )
         self._outages = (
-            f"SELECT owner, since, until FROM {s}.outages "
+            f"SELECT owner, since, until, kind, detail FROM {s}.outages "
             "WHERE namespace = $1 AND until >= $2 AND since <= $3"
         )
         self._steering = (
@@ -110,7 +110,16 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
             presence=[
                 Span(r["owner"], r["since"], r["until"], r["enabled"], r["left"]) for r in presence
             ],
-            outages=[Span(r["owner"], r["since"], r["until"]) for r in outages],
+            outages=[
+                Span(r["owner"], r["since"], r["until"])
+                for r in outages
+                if r["kind"] == UNREACHABLE
+            ],
+            incidents=[
+                Incident(r["owner"], r["kind"], r["since"], r["until"], r["detail"])
+                for r in outages
+                if r["kind"] != UNREACHABLE
+            ],
             paused_at=job["paused_at"],
             horizon=horizon,
             declared_since=declared_since,

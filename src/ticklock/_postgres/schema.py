@@ -3,11 +3,12 @@
 ``jobs`` holds one row of fleet state per ``(namespace, job_id)`` (and the job's spec, see
 :mod:`ticklock._spec`); ``runs`` the history; ``replicas`` one row per live scheduler (its
 heartbeat and the jobs it declares). The ledger's records: ``presence`` (when each replica was
-live, and what it declared), ``outages`` (database outages, recorded by the replicas once they
-reconnect) and ``audit`` (operators' operations); the retention sweep prunes them with the
-history. ``seals`` holds, for each tick's transaction in flight, one row whose deferred
-constraint trigger lets only ticklock's own COMMIT commit it (see :mod:`.tick`); the row is
-deleted by that commit, so the table stays empty.
+live, and what it declared), ``outages`` (what kept a replica from running its slots, recorded
+by the replica itself: the database unreachable from it, its event loop blocked, its ticks
+refused for its clock; ``kind`` says which) and ``audit`` (operators' operations); the
+retention sweep prunes them with the history. ``seals`` holds, for each tick's transaction in
+flight, one row whose deferred constraint trigger lets only ticklock's own COMMIT commit it
+(see :mod:`.tick`); the row is deleted by that commit, so the table stays empty.
 The schema name is validated as a plain identifier and always quoted.
 """
 
@@ -25,7 +26,7 @@ from .._lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 8
+VERSION = 9
 _TABLES = (
     "schema_version",
     "jobs",
@@ -151,7 +152,9 @@ CREATE TABLE IF NOT EXISTS {s}.outages (
     namespace text NOT NULL,
     owner text NOT NULL,
     since timestamptz NOT NULL,
-    until timestamptz NOT NULL
+    until timestamptz NOT NULL,
+    kind text NOT NULL DEFAULT 'unreachable',
+    detail text
 );
 CREATE INDEX IF NOT EXISTS outages_until ON {s}.outages (namespace, until);""",
         "audit": f"""
@@ -228,6 +231,10 @@ def upgrades(schema: str) -> dict[int, str]:
         6: f"ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS spec jsonb",
         # the seals: the table, its function and trigger come with migration()
         7: "",
+        # the ledger: what else kept a replica from its slots (a stalled loop, a clock ahead)
+        8: f"ALTER TABLE {s}.outages "
+        "ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'unreachable', "
+        "ADD COLUMN IF NOT EXISTS detail text",
     }
 
 

@@ -75,9 +75,11 @@ free AS (
 )
 UPDATE {s}.jobs AS j SET spec = v.spec::jsonb FROM v JOIN free ON free.job_id = v.id
 WHERE j.namespace = $1 AND j.job_id = v.id"""
-        # a database outage a replica saw, recorded once it answers again
+        # what kept a replica from its slots (see .database.Incident), recorded by its beat
         self.outage = (
-            f"INSERT INTO {s}.outages (namespace, owner, since, until) VALUES ($1, $2, $3, $4)"
+            f"INSERT INTO {s}.outages (namespace, owner, since, until, kind, detail) "
+            "SELECT $1, $2, * FROM unnest($3::timestamptz[], $4::timestamptz[], $5::text[], "
+            "$6::text[])"
         )
         self.reschedule = (
             f"UPDATE {s}.jobs AS j SET overdue_at = v.due "

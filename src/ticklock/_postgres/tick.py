@@ -308,6 +308,12 @@ class Tick:
                 "committed. For a read-only handler, just write nothing"
             ) from exc
 
+    def abandon(self) -> None:
+        """The connection was cut off mid-call (no answer in time): :meth:`close` closes it
+        without a word, as what it would answer later is not known."""
+        self.open = False
+        self._lease.retire = True
+
     async def close(self) -> None:
         con, self.con, self.conn = self.con, None, None
         if con is None:
