@@ -54,6 +54,33 @@ async def test_a_handler_that_writes_then_raises_leaves_nothing_and_is_recorded(
     assert state["last_outcome"] == "failure"
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [
+        FileNotFoundError(2, "No such file or directory", "/run/secrets/api-key"),
+        TimeoutError("the API did not answer"),
+        ConnectionRefusedError(111, "Connect call failed ('10.0.0.9', 443)"),
+    ],
+    ids=["secret-file-missing", "own-timeout", "api-refused"],
+)
+async def test_a_handler_s_own_os_error_is_a_failure_not_the_database_s_error(
+    pg_dsn: str, pg_schema: str, exc: OSError
+) -> None:
+    # the handler's own I/O failed (a secret file missing on this host, a timeout of its own,
+    # an API refusing): a failure of the handler, which a failing owner counts to give the job
+    # up, never the outcome of a database outage
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
+
+    @scheduler.job(every(3600, initial_delay=3000), id="secret")
+    async def secret(ctx: JobContext) -> None:
+        raise exc
+
+    async with scheduler:
+        result = await scheduler.run_now("secret")
+    assert result.outcome is Outcome.FAILURE
+    assert result.error is not None and result.error.startswith(type(exc).__name__)
+
+
 async def test_success_commits_writes_watermark_and_record_together(
     pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
 ) -> None:
