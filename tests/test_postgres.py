@@ -406,6 +406,43 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
     assert runs == ["00:00:00", "00:01:40"]
 
 
+async def test_a_job_whose_lock_stays_held_turns_overdue_on_the_replica_that_finds_it_held(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # An operator holds the job off by hand (or a holder no replica may end): the job has
+    # stopped. This replica presumes a run it found holding the lock ends within its timeout,
+    # but no run holds a lock longer than its bound: attempt after attempt finding it held
+    # must not keep moving the absence clock, or health() never raises the alarm.
+    clock = ManualClock(at("2020-01-01T00:00:00Z"))
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
+
+    @scheduler.job(every(100, initial_delay=50), id="held", timeout=10, overdue_grace=1)
+    async def held(ctx: JobContext) -> None:
+        pass
+
+    def overdue() -> bool:
+        return {h.job_id: h for h in scheduler.health()}["held"].overdue
+
+    key = lock_key("default", "held", schema=pg_schema)
+    with run_log() as log:
+        async with scheduler:
+            assert (await scheduler.run_now("held")).outcome is Outcome.SUCCESS  # 00:00:00
+            await pg_conn.execute("SELECT pg_advisory_lock($1)", key)
+            try:
+                for attempts in range(1, 31):  # 00:01:40, then every 12 s: 00:07:28
+                    await clock.advance(100 if attempts == 1 else 12)
+
+                    async def locked(n: int = attempts) -> bool:
+                        return log.outcomes("held").count("locked") >= n
+
+                    await eventually(locked, 10, f"attempt {attempts} to find the lock held")
+                # the slot was due at 00:01:40: by any bound of a run that found it held
+                # (its timeout, its server-side bound), it has stopped
+                assert overdue()
+            finally:
+                await pg_conn.execute("SELECT pg_advisory_unlock($1)", key)
+
+
 async def _is_set(event: anyio.Event) -> bool:
     return event.is_set()
 
