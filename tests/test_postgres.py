@@ -406,11 +406,13 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
     assert runs == ["00:00:00", "00:01:40"]
 
 
+@pytest.mark.parametrize("schema_key", [True, False], ids=["schema-key", "key-without-schema"])
 async def test_a_job_whose_lock_stays_held_turns_overdue_on_the_replica_that_finds_it_held(
-    pg_dsn: str, pg_schema: str, pg_conn: Any
+    pg_dsn: str, pg_schema: str, pg_conn: Any, schema_key: bool
 ) -> None:
-    # An operator holds the job off by hand (or a holder no replica may end): the job has
-    # stopped. This replica presumes a run it found holding the lock ends within its timeout,
+    # An operator holds the job off by hand (its schema's key; or the key without a schema,
+    # as a replica of an earlier release holds it), or a holder no replica may end: the job
+    # has stopped. This replica presumes a run it found holding the lock ends within its timeout,
     # but no run holds a lock longer than its bound: attempt after attempt finding it held
     # must not keep moving the absence clock, or health() never raises the alarm.
     clock = ManualClock(at("2020-01-01T00:00:00Z"))
@@ -423,7 +425,7 @@ async def test_a_job_whose_lock_stays_held_turns_overdue_on_the_replica_that_fin
     def overdue() -> bool:
         return {h.job_id: h for h in scheduler.health()}["held"].overdue
 
-    key = lock_key("default", "held", schema=pg_schema)
+    key = lock_key("default", "held", schema=pg_schema if schema_key else None)
     with run_log() as log:
         async with scheduler:
             assert (await scheduler.run_now("held")).outcome is Outcome.SUCCESS  # 00:00:00

@@ -342,7 +342,8 @@ class PostgresCoordinator:
             async with self.db.connection() as conn:
                 ids = list(job_ids)
                 keys = [lock_key(self.namespace, job_id, schema=self.schema) for job_id in ids]
-                rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys)
+                legacy = [lock_key(self.namespace, job_id) for job_id in ids]
+                rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys, legacy)
         except Exception as exc:
             if self.db.classify(exc):
                 self.db.down(exc)
