@@ -244,3 +244,35 @@ async def test_a_schema_of_version_5_is_upgraded_in_place_and_runs_batches(
     async with scheduler:
         result = await scheduler.run_now("sweep")
     assert (result.outcome, result.batches, result.capped) == (Outcome.SUCCESS, 2, True)
+
+
+async def test_a_batch_commit_that_stalls_is_the_database_s_error_not_the_handler_s_failure(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server stalls while a batch commits (its backend stopped): ticklock's own bound on
+    # the commit raises a TimeoutError through the handler's loop. That is the database's
+    # error, as for a plain tick's commit; a handler's own OSError is a failure.
+    import os
+    import signal
+
+    from ticklock._postgres import database
+
+    monkeypatch.setattr(database, "CLEANUP_SECONDS", 0.5)
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
+    stopped: list[int] = []
+
+    @scheduler.job(every(3600, initial_delay=3000), id="stall", timeout=20)
+    async def stall(ctx: JobContext) -> None:
+        async for batch in ctx.batches():
+            if batch.number == 1:
+                stopped.append(await batch.db.fetchval("SELECT pg_backend_pid()"))
+                os.kill(stopped[0], signal.SIGSTOP)  # the next batch's commit stalls
+
+    try:
+        async with scheduler:
+            result = await scheduler.run_now("stall")
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert result.outcome is Outcome.ERROR, result
+    assert result.error is not None and "did not finish within" in result.error

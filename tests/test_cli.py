@@ -484,6 +484,35 @@ def test_status_shows_hidden_characters_of_a_recorded_note_as_escapes(
 
 
 @pytest.mark.postgres
+def test_status_and_history_show_hidden_characters_of_job_ids_and_owners_as_escapes(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
+) -> None:
+    # a job id and an owner are not refused at declaration for hidden characters: whatever
+    # the database holds, the terminal gets escapes, never a bidi override or an escape code
+    assert main(["migrate", "--dsn", pg_dsn, "--schema", pg_schema]) == 0
+    job, owner = "E'nightly\\u202egnp.exe\\u001b[2J'", "E'web-1\\u2066\\u001b[31m'"
+    sql(
+        pg_dsn,
+        f"INSERT INTO {pg_schema}.jobs (namespace, job_id, last_outcome, consecutive_failures, "
+        f"last_owner, last_error) VALUES ('default', {job}, 'failure', 1, {owner}, 'boom')",
+        f"INSERT INTO {pg_schema}.runs (namespace, job_id, slot, started_at, finished_at, "
+        f"outcome, owner, error) VALUES ('default', {job}, '2026-12-01T03:00:00Z', "
+        f"'2026-12-01T03:00:00Z', '2026-12-01T03:00:01Z', 'failure', {owner}, 'boom')",
+        "SELECT 1",
+    )
+    capsys.readouterr()
+    main(["status", "--dsn", pg_dsn, "--schema", pg_schema])
+    out = capsys.readouterr().out
+    assert "nightly\\u202egnp.exe\\x1b[2J" in out
+    assert "on web-1\\u2066\\x1b[31m: boom" in out
+    main(["history", "nightly\u202egnp.exe\x1b[2J", "--dsn", pg_dsn, "--schema", pg_schema])
+    shown = capsys.readouterr().out
+    assert "web-1\\u2066\\x1b[31m" in shown
+    for text in (out, shown):
+        assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in text.replace("\n", ""))
+
+
+@pytest.mark.postgres
 def test_status_labels_the_built_in_retention_job(
     app_dir: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str, pg_schema: str
 ) -> None:

@@ -54,6 +54,33 @@ async def test_a_handler_that_writes_then_raises_leaves_nothing_and_is_recorded(
     assert state["last_outcome"] == "failure"
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [
+        FileNotFoundError(2, "No such file or directory", "/run/secrets/api-key"),
+        TimeoutError("the API did not answer"),
+        ConnectionRefusedError(111, "Connect call failed ('10.0.0.9', 443)"),
+    ],
+    ids=["secret-file-missing", "own-timeout", "api-refused"],
+)
+async def test_a_handler_s_own_os_error_is_a_failure_not_the_database_s_error(
+    pg_dsn: str, pg_schema: str, exc: OSError
+) -> None:
+    # the handler's own I/O failed (a secret file missing on this host, a timeout of its own,
+    # an API refusing): a failure of the handler, which a failing owner counts to give the job
+    # up, never the outcome of a database outage
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")
+
+    @scheduler.job(every(3600, initial_delay=3000), id="secret")
+    async def secret(ctx: JobContext) -> None:
+        raise exc
+
+    async with scheduler:
+        result = await scheduler.run_now("secret")
+    assert result.outcome is Outcome.FAILURE
+    assert result.error is not None and result.error.startswith(type(exc).__name__)
+
+
 async def test_success_commits_writes_watermark_and_record_together(
     pg_dsn: str, pg_schema: str, pg_conn: Any, table: str
 ) -> None:
@@ -377,6 +404,45 @@ async def test_a_follower_does_not_call_a_job_overdue_while_another_replica_runs
             assert not overdue()
             assert {h.job_id: h for h in scheduler.health()}["shared"].failing
     assert runs == ["00:00:00", "00:01:40"]
+
+
+@pytest.mark.parametrize("schema_key", [True, False], ids=["schema-key", "key-without-schema"])
+async def test_a_job_whose_lock_stays_held_turns_overdue_on_the_replica_that_finds_it_held(
+    pg_dsn: str, pg_schema: str, pg_conn: Any, schema_key: bool
+) -> None:
+    # An operator holds the job off by hand (its schema's key; or the key without a schema,
+    # as a replica of an earlier release holds it), or a holder no replica may end: the job
+    # has stopped. This replica presumes a run it found holding the lock ends within its timeout,
+    # but no run holds a lock longer than its bound: attempt after attempt finding it held
+    # must not keep moving the absence clock, or health() never raises the alarm.
+    clock = ManualClock(at("2020-01-01T00:00:00Z"))
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
+
+    @scheduler.job(every(100, initial_delay=50), id="held", timeout=10, overdue_grace=1)
+    async def held(ctx: JobContext) -> None:
+        pass
+
+    def overdue() -> bool:
+        return {h.job_id: h for h in scheduler.health()}["held"].overdue
+
+    key = lock_key("default", "held", schema=pg_schema if schema_key else None)
+    with run_log() as log:
+        async with scheduler:
+            assert (await scheduler.run_now("held")).outcome is Outcome.SUCCESS  # 00:00:00
+            await pg_conn.execute("SELECT pg_advisory_lock($1)", key)
+            try:
+                for attempts in range(1, 31):  # 00:01:40, then every 12 s: 00:07:28
+                    await clock.advance(100 if attempts == 1 else 12)
+
+                    async def locked(n: int = attempts) -> bool:
+                        return log.outcomes("held").count("locked") >= n
+
+                    await eventually(locked, 10, f"attempt {attempts} to find the lock held")
+                # the slot was due at 00:01:40: by any bound of a run that found it held
+                # (its timeout, its server-side bound), it has stopped
+                assert overdue()
+            finally:
+                await pg_conn.execute("SELECT pg_advisory_unlock($1)", key)
 
 
 async def _is_set(event: anyio.Event) -> bool:

@@ -138,7 +138,9 @@ class Cycle(Entry):
         if self.running:
             return
         self.running = True
-        if self.ahead:
+        # a backup looks; so does a replica that found the lock held and looks again (a
+        # recheck, no slot): the state read says whether a run ended meanwhile (health)
+        if self.ahead or (self.slot is None and self.held_at is not None):
             self.crew.look(self)
         else:
             self._attempt()
@@ -291,7 +293,9 @@ class Cycle(Entry):
             self.held_at = result.finished_at if result.outcome is Outcome.LOCKED else None
             self.crew.share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
-            self.held_at = result.finished_at
+            # when this replica first found it held, until a state read says otherwise: a
+            # lock held attempt after attempt is not a run that ends within its timeout
+            self.held_at = self.held_at or result.finished_at
 
     def _count(self, result: RunResult) -> None:
         """Count this replica's failed scheduled runs of the job in a row (since when), and

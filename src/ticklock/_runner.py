@@ -219,8 +219,13 @@ class Runner:
         try:
             report = await watch(job.func(ctx), job.id, self.dispatcher.blocked)
         except Exception as exc:
-            kind = self.coordinator.classify(exc) or Outcome.FAILURE
-            run.fail(kind, exc, describe(exc))
+            # An OSError is the handler's own I/O (a file, a socket, a timeout of its own): a
+            # failure. The loss of the tick's connection comes as the driver's errors; a
+            # batch's commit or begin (ticklock's own statements) is judged as they are.
+            broken = None if run.batches is None else run.batches.broken
+            own = isinstance(exc, OSError) and exc is not broken
+            kind = None if own else self.coordinator.classify(exc)
+            run.fail(kind or Outcome.FAILURE, exc, describe(exc))
             return
         except anyio.get_cancelled_exc_class() as exc:
             if _cancel_requested():

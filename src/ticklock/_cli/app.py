@@ -15,6 +15,7 @@ from functools import reduce
 import anyio
 
 from .._scheduler import Scheduler
+from .._validate import visible
 from . import logs, plan
 from .errors import EXIT_OK, CommandError
 
@@ -78,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def label(job_id: str) -> str:
-    """``job_id``, with `` (built-in)`` for a job ticklock adds itself."""
-    return f"{job_id} (built-in)" if job_id in BUILT_IN else job_id
+    """``job_id`` for a terminal (hidden characters as escapes), with `` (built-in)`` for a
+    job ticklock adds itself."""
+    return f"{job_id} (built-in)" if job_id in BUILT_IN else visible(job_id)
 
 
 def jobs(args: argparse.Namespace) -> int:

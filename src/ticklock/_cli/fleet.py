@@ -104,11 +104,11 @@ async def status(args: argparse.Namespace) -> int:
         print(
             f"{label(job.job_id):<{width}}  {state:<10}  {when(job.last_success):<25}  "
             f"{job.last_outcome or '-':<12}  {job.consecutive_failures:>5}  "
-            f"{when(job.next_due):<25}  {job.owner or '-':<20}  "
+            f"{when(job.next_due):<25}  {visible(job.owner or '-'):<20}  "
             f"{_failed(job) if job.consecutive_failures else '-'}"
         )
         if job.declared_otherwise:
-            shown = ", ".join(job.declared_otherwise)
+            shown = visible(", ".join(job.declared_otherwise))
             print(f"{'':<{width}}  declared otherwise by {shown} (the majority's rules)")
         if job.last_action is not None and job.state is JobState.PAUSED:
             print(f"{'':<{width}}  {one_line(done(job.last_action), 120)}")
@@ -122,9 +122,9 @@ async def status(args: argparse.Namespace) -> int:
         print(f"live replicas ({len(replicas)}):")
         for replica in replicas:
             print(
-                f"  {replica.owner}  up since {when(replica.started_at)}, last seen "
+                f"  {visible(replica.owner)}  up since {when(replica.started_at)}, last seen "
                 f"{when(replica.seen_at)}, {len(replica.jobs)} jobs"
-                + (f"; gave up: {', '.join(replica.failing)}" if replica.failing else "")
+                + (f"; gave up: {visible(', '.join(replica.failing))}" if replica.failing else "")
             )
     else:
         print("live replicas: none reported in the last minute")
@@ -133,7 +133,7 @@ async def status(args: argparse.Namespace) -> int:
 
 def _failed(job: JobRecord) -> str:
     """The last error, and the replica whose run it was."""
-    where = f"on {job.last_owner}: " if job.last_owner else ""
+    where = f"on {visible(job.last_owner)}: " if job.last_owner else ""
     return where + one_line(job.last_error)
 
 
@@ -162,7 +162,7 @@ async def history(args: argparse.Namespace) -> int:
             note += one_line(json_text(run.report))
         print(
             f"{when(run.finished_at):<25}  {when(run.slot):<25}  {run.outcome:<9}  "
-            f"{run.duration:>8.3f}  {run.owner:<20}  {note or '-'}"
+            f"{run.duration:>8.3f}  {visible(run.owner):<20}  {note or '-'}"
         )
     if not runs:
         print(f"(no runs of {args.job!r} recorded)")

@@ -7,6 +7,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from .._fleet import Fate, SlotRecord, json_text, slots_json
+from .._validate import visible
 from .errors import EXIT_OK, CommandError
 from .fleet import one_line, open_fleet, refused, when
 
@@ -75,7 +76,7 @@ async def slots(args: argparse.Namespace) -> int:
         print(
             f"{when(slot.slot):<25}  {slot.fate.value:<9}  "
             f"{when(run.started_at) if run else '-':<25}  {_late(slot):>8}  "
-            f"{run.owner if run else '-':<20}  {one_line(why, 100)}"
+            f"{visible(run.owner) if run else '-':<20}  {one_line(why, 100)}"
         )
     return EXIT_OK
 

@@ -365,8 +365,9 @@ class PostgresCoordinator:
             async with self.db.connection() as conn:
                 ids = list(job_ids)
                 keys = [lock_key(self.namespace, job_id, schema=self.schema) for job_id in ids]
+                legacy = [lock_key(self.namespace, job_id) for job_id in ids]
                 asked, when = time.monotonic(), self.db.clock.now()
-                rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys)
+                rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys, legacy)
         except BaseException as exc:
             self._failed(exc, sent, since)
             if isinstance(exc, Exception):

@@ -93,11 +93,14 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
             "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text"
         )
         self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
-        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys); a
-        # tick past its deadline (see locks()) does not count: an attempt would end it
+        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys; $4:
+        # the keys without a schema, held exclusively by an earlier release's tick or by
+        # hand, never by this release's ticks of any schema); a tick past its deadline (see
+        # locks()) does not count: an attempt would end it
         self.read = f"""
 WITH advisory AS MATERIALIZED (
-    SELECT pid, classid::int8 AS high, objid::int8 AS low, objsubid FROM pg_locks
+    SELECT pid, classid::int8 AS high, objid::int8 AS low, objsubid,
+        mode = 'ExclusiveLock' AS exclusive FROM pg_locks
     WHERE locktype = 'advisory' AND granted
         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ), deadline AS (
@@ -109,9 +112,11 @@ WITH advisory AS MATERIALIZED (
         AND (d.until IS NULL OR d.until >= extract(epoch FROM clock_timestamp()))
 )
 SELECT v.id AS job_id, {", ".join("j." + c for c in columns.split(", "))},
-    EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
-        AND low = v.key & 4294967295) AS held
-FROM unnest($2::text[], $3::int8[]) AS v(id, key)
+    (EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
+        AND low = v.key & 4294967295)
+    OR EXISTS (SELECT FROM advisory WHERE objsubid = 1 AND exclusive
+        AND high = (v.legacy >> 32) & 4294967295 AND low = v.legacy & 4294967295)) AS held
+FROM unnest($2::text[], $3::int8[], $4::int8[]) AS v(id, key, legacy)
 LEFT JOIN {s}.jobs AS j ON j.namespace = $1 AND j.job_id = v.id"""
         # a manual run serves the trigger requests made up to its slot
         served = "CASE WHEN {m} AND j.trigger_at <= $3 THEN NULL ELSE j.trigger_at END"
