@@ -325,6 +325,28 @@ def test_a_note_or_who_with_a_hidden_character_is_refused_naming_it(
         checked(f"INC-42{char}: fixed", field)
 
 
+@pytest.mark.parametrize(("char", "named"), [p for p in HIDDEN if p.id != "unpaired_surrogate"])
+def test_an_id_namespace_or_owner_with_a_hidden_character_is_refused_naming_it(
+    char: str, named: str
+) -> None:
+    # a job id is printed by `status`, logged on every run and shown on the dashboard: an
+    # escape would forge a log line or colour the terminal, a bidi override reorder the row
+    name = f"nightly{char}x"
+    message = (
+        rf"^{{0}} must be plain text, without control, format or separator characters, got "
+        rf"{re.escape(repr(name))}: {re.escape(named)} at character 8$"
+    )
+    scheduler = Scheduler()
+    with pytest.raises(ScheduleError, match=message.format("id")) as info:
+        scheduler.add(handler, every(10), id=name)
+    assert info.value.field == "id" and scheduler.jobs == {}
+    with pytest.raises(ScheduleError, match=message.format("namespace")) as info:
+        Scheduler(namespace=name)
+    assert info.value.field == "namespace"
+    with pytest.raises(ScheduleError, match=message.format("owner")):
+        Scheduler(owner=name)
+
+
 def test_a_note_in_any_script_passes() -> None:
     for text in ("שלום עולם", "مرحبا", "🛑 stopped", "non\u00a0breaking", "ü" * 500):
         assert checked(text, "note") == text

@@ -90,12 +90,13 @@ def surrogate(text: str) -> str | None:
 
 def name(value: object, field: str, *, job_id: str | None = None) -> str:
     """Return ``value`` if it is a non-empty string of at most 200 characters that
-    PostgreSQL text can store (no NUL, no unpaired surrogate)."""
+    PostgreSQL text can store (no NUL, no unpaired surrogate) and a terminal, a log line or a
+    page shows as it is (no control, format or separator character: see ``_HIDDEN``)."""
     if (
         type(value) is str
         and 0 < len(value) <= MAX_NAME
-        and "\x00" not in value
-        and (value.isascii() or _SURROGATE.search(value) is None)
+        and value.isprintable()
+        and (value.isascii() or hidden(value) is None)
     ):
         return value  # the common case, checked at once
     error = partial(ScheduleError, job_id=job_id, field=field)
@@ -112,6 +113,11 @@ def name(value: object, field: str, *, job_id: str | None = None) -> str:
     if (found := surrogate(value)) is not None:
         raise error(
             f"{field} must not contain unpaired surrogates (PostgreSQL text cannot store them), "
+            f"got {value!r}: {found}"
+        )
+    if (found := hidden(value)) is not None:
+        raise error(
+            f"{field} must be plain text, without control, format or separator characters, "
             f"got {value!r}: {found}"
         )
     return value
