@@ -127,10 +127,10 @@ async def test_ticks_refused_for_a_clock_ahead_are_named(fleet: Replicas, pg_con
     named = re.compile(
         r"^replica C's clock is [45]\.\d s ahead of the database: its ticks were refused$"
     )
-    refused = [i for i, s in enumerate(refusals) if s.reason and named.match(s.reason)]
-    assert len(refused) >= 4, refusals
+    named_at = [i for i, s in enumerate(refusals) if s.reason and named.match(s.reason)]
+    assert len(named_at) >= 4, refusals
     # between the first refusal and the last, each slot is named; before C beat for the
     # first time and after it left, no live replica declared the job
-    assert refused == list(range(refused[0], refused[-1] + 1)), refusals
-    edges = refusals[: refused[0]] + refusals[refused[-1] + 1 :]
+    assert named_at == list(range(named_at[0], named_at[-1] + 1)), refusals
+    edges = refusals[: named_at[0]] + refusals[named_at[-1] + 1 :]
     assert all(s.reason == "no live replica declared the job" for s in edges), refusals
