@@ -85,7 +85,10 @@ async def test_a_paused_holder_loses_its_lock_and_its_writes(fleet: Replicas, pg
     async def b_committed() -> bool:
         return bool(await pg_conn.fetchval(f"SELECT count(*) FROM {s}.log WHERE note = 'B'"))
 
-    await eventually(b_committed, 20, "replica B to run while A is paused")
+    try:
+        await eventually(b_committed, 40, "replica B to run while A is paused")
+    except AssertionError as exc:  # what each replica said, to tell a stall from a defect
+        raise AssertionError(f"{exc}\nB said:\n{fleet.output('B')}") from None
     b_first = await pg_conn.fetchval(f"SELECT min(started) FROM {s}.log WHERE note = 'B'")
     # B could only start once the server had ended A's session (timeout 1.5 + grace 1.0)
     assert (b_first - paused_at).total_seconds() >= 2.0
