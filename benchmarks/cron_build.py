@@ -7,7 +7,7 @@ Each implementation runs in a child process of its own: this checkout's ticklock
 Measured, per expression and zone:
 
 - **new**: building a trigger for an expression the process has not built before: ticklock's
-  per-expression caches (the bounded ``lru_cache`` functions of ``ticklock._cron``) are
+  per-expression caches (the bounded ``lru_cache`` functions of ``ticklock._schedule.cron``) are
   cleared before each build. The zone is loaded already (once per process and zone; its first
   load is reported apart).
 - **again**: the same expression built again (what a second schedule with it costs).

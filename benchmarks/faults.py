@@ -39,7 +39,7 @@ from typing import Any
 import asyncpg
 
 from benchmarks.fleet_scale import extract_baseline, git
-from ticklock._sharing import weight
+from ticklock._runtime.sharing import weight
 
 HERE = Path(__file__).parent
 REPO = HERE.parent

@@ -34,8 +34,8 @@ async def _rows(dsn: str, days: int) -> None:
     import asyncpg
 
     from ticklock import every
-    from ticklock._postgres.schema import migrate
-    from ticklock._spec import Spec, to_json
+    from ticklock._backends.postgres.schema import migrate
+    from ticklock._schedule.spec import Spec, to_json
 
     conn = await asyncpg.connect(dsn)
     try:

@@ -11,10 +11,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from ticklock import JobContext, Scheduler, cron, every
-from ticklock._coordination import FleetState
-from ticklock._fleet import Action, Fate, JobState
-from ticklock._job import Job, Outcome, RunResult
-from ticklock._ledger import unattempted, walking
+from ticklock._backends.seam import FleetState
+from ticklock._operators.fleet import Action, Fate, JobState
+from ticklock._operators.ledger import unattempted, walking
+from ticklock._schedule.job import Job, Outcome, RunResult
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
@@ -209,8 +209,8 @@ async def test_a_run_late_after_a_resume_says_so_on_a_manual_clock(trigger: obje
 
 
 def test_status_fails_on_the_states_asked_for() -> None:
-    from ticklock._cli.errors import CommandError
-    from ticklock._cli.fleet import alarms
+    from ticklock._operators.cli.errors import CommandError
+    from ticklock._operators.cli.fleet import alarms
 
     assert alarms("overdue,failing") == {JobState.OVERDUE, JobState.FUTURE, JobState.FAILING}
     assert alarms("overdue") == {JobState.OVERDUE, JobState.FUTURE}  # a probe that never flaps

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import at
 from ticklock import Batch, JobContext, Outcome, ScheduleError, Scheduler, every
-from ticklock._job import Job, declaration
+from ticklock._schedule.job import Job, declaration
 from ticklock.testing import ManualClock, MemoryDatabase, run_job
 
 pytestmark = pytest.mark.anyio

@@ -11,8 +11,8 @@ import pytest
 
 from helpers import eventually
 from ticklock import JobContext, Outcome, Scheduler, every
-from ticklock._postgres import tick
-from ticklock._postgres.schema import VERSION
+from ticklock._backends.postgres import tick
+from ticklock._backends.postgres.schema import VERSION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -227,7 +227,7 @@ async def test_batches_through_a_transaction_mode_pgbouncer(
 async def test_a_schema_of_version_5_is_upgraded_in_place_and_runs_batches(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
-    from ticklock._postgres.schema import migrate
+    from ticklock._backends.postgres.schema import migrate
 
     s = pg_schema
     assert await migrate(pg_conn, s) == "created"
@@ -255,7 +255,7 @@ async def test_a_batch_commit_that_stalls_is_the_database_s_error_not_the_handle
     import os
     import signal
 
-    from ticklock._postgres import database
+    from ticklock._backends.postgres import database
 
     monkeypatch.setattr(database, "CLEANUP_SECONDS", 0.5)
     scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="me")

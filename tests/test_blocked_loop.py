@@ -15,8 +15,8 @@ import anyio.lowlevel
 import pytest
 
 from ticklock import JobContext, Scheduler, SystemClock, every
-from ticklock._blocked import watch as watch_with
-from ticklock._dispatcher import Dispatcher
+from ticklock._runtime.blocked import watch as watch_with
+from ticklock._runtime.dispatcher import Dispatcher
 
 
 async def watch(awaitable: Awaitable[T], job_id: str) -> T:
@@ -136,7 +136,7 @@ async def test_a_scheduled_handler_that_blocks_the_loop_is_named_once(
 async def test_the_ledger_names_the_job_that_blocked_the_loop_in_memory_too() -> None:
     from datetime import datetime, timezone
 
-    from ticklock._fleet import Fate
+    from ticklock._operators.fleet import Fate
     from ticklock.testing import MemoryDatabase
 
     db = MemoryDatabase()

@@ -21,10 +21,10 @@ from typing import Any
 import anyio
 import pytest
 
-import ticklock._cli.app
-from ticklock._cli import main
+import ticklock._operators.cli.app
+from ticklock._backends.postgres.schema import VERSION
 from ticklock._demo import _Printer
-from ticklock._postgres.schema import VERSION
+from ticklock._operators.cli import main
 
 BAD_PORT = (
     r"bad port: it must be a number from 1 to 65535 \(write '/', '\?' and '#' in the "
@@ -268,7 +268,7 @@ def test_jobs_prints_whole_seconds_and_the_first_fires_as_planned(
 ) -> None:
     (app_dir / "cli_jobs.py").write_text(JOBS_MODULE)
     now = datetime(2026, 3, 28, 12, 0, 7, 123456, tzinfo=timezone.utc)
-    monkeypatch.setattr(ticklock._cli.app, "datetime", _Frozen(now))
+    monkeypatch.setattr(ticklock._operators.cli.app, "datetime", _Frozen(now))
     assert main(["jobs", "cli_jobs:scheduler", "--count", "3"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         # an every job's next fires follow its runs' ends and jitter: only its first is known
@@ -296,7 +296,7 @@ def test_jobs_refuses_a_count_below_one(app_dir: Path, capsys: pytest.CaptureFix
 
 
 class _Frozen:
-    """Stands in for the ``datetime`` class in ``ticklock._cli.app``: ``now()`` is fixed."""
+    """Stands in for the ``datetime`` class in the CLI's ``app`` module: ``now()`` is fixed."""
 
     def __init__(self, now: datetime) -> None:
         self._now = now

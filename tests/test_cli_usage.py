@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 import ticklock
-import ticklock._cli.fleet
-from ticklock._cli import main
-from ticklock._cli.errors import CommandError
-from ticklock._cli.main import _COMMANDS, _parser
+import ticklock._operators.cli.fleet
+from ticklock._operators.cli import main
+from ticklock._operators.cli.errors import CommandError
+from ticklock._operators.cli.main import _COMMANDS, _parser
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_options_before_the_command_apply_and_the_ones_after_it_win(
         raise CommandError("stopped here")
         yield  # pragma: no cover
 
-    monkeypatch.setattr(ticklock._cli.fleet, "open_fleet", fake_fleet)
+    monkeypatch.setattr(ticklock._operators.cli.fleet, "open_fleet", fake_fleet)
     assert main(argv) == 2
     assert capsys.readouterr().err == "ticklock: stopped here\n"
     assert got == [seen]
@@ -288,7 +288,7 @@ def test_run_prints_each_log_line_once(
 def test_the_hint_names_what_to_check_and_never_the_password(
     exc: BaseException, dsn: str | None, hint: str | None
 ) -> None:
-    from ticklock._cli.hints import advice
+    from ticklock._operators.cli.hints import advice
 
     assert advice(exc, dsn, "ticklock") == hint
 

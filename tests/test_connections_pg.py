@@ -15,7 +15,7 @@ import pytest
 
 from helpers import eventually
 from ticklock import JobContext, Scheduler, every
-from ticklock._postgres import connection
+from ticklock._backends.postgres import connection
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 AT_ONCE = 6

@@ -35,8 +35,8 @@ import pytest
 from contract_jobs import BACKLOG, CAP, CHUNK, INTERVAL, declare
 from helpers import Replicas, eventually
 from ticklock import Scheduler
-from ticklock._fleet import RunRecord
-from ticklock._sharing import GRACE, weight
+from ticklock._operators.fleet import RunRecord
+from ticklock._runtime.sharing import GRACE, weight
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = [

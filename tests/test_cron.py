@@ -23,7 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ticklock import Cron, Every, ScheduleError, cron, every
-from ticklock._cron import CronSpec
+from ticklock._schedule.cron import CronSpec
 
 UTC = timezone.utc
 
@@ -666,8 +666,8 @@ def test_next_fire_matches_brute_force(
     ],
 )
 def test_the_steady_path_gives_what_the_walk_gives(tz: str) -> None:
-    from ticklock import _cron
-    from ticklock._zones import zone as load
+    from ticklock._schedule import cron as _cron
+    from ticklock._schedule.zones import zone as load
 
     rng = random.Random(tz)
     zone = load(tz)

@@ -36,11 +36,19 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
 from ticklock import JobContext, ScheduleError, Scheduler, SchedulerStateError, cron, every
-from ticklock._dashboard import create_app
-from ticklock._dashboard.chart import duration_chart, seconds_label
-from ticklock._dashboard.hosts import for_bind_address, host_name
-from ticklock._dashboard.timeline import MAX_SLOTS, slot_timeline
-from ticklock._fleet import Action, Fate, JobRecord, JobState, Replica, RunRecord, SlotRecord
+from ticklock._operators.dashboard import create_app
+from ticklock._operators.dashboard.chart import duration_chart, seconds_label
+from ticklock._operators.dashboard.hosts import for_bind_address, host_name
+from ticklock._operators.dashboard.timeline import MAX_SLOTS, slot_timeline
+from ticklock._operators.fleet import (
+    Action,
+    Fate,
+    JobRecord,
+    JobState,
+    Replica,
+    RunRecord,
+    SlotRecord,
+)
 from ticklock.testing import ManualClock
 
 UTC = timezone.utc
@@ -58,7 +66,7 @@ def _now() -> None:
 
 
 class MemoryFleet:
-    """A :class:`ticklock._fleet.Fleet` held in dicts, recording the operations it is asked."""
+    """A :class:`ticklock.Fleet` held in dicts, recording the operations it is asked."""
 
     def __init__(
         self,

@@ -40,7 +40,7 @@ from helpers import Replicas, eventually
 from ops_app import HOSTILE_ERROR, HOSTILE_REPORT
 from test_operations import BOUND, MARGIN, db_now, job_row, last_run, wait_live, wait_run
 from ticklock import JobContext, Scheduler, cron, every
-from ticklock._dashboard import create_app
+from ticklock._operators.dashboard import create_app
 from ticklock.testing import ManualClock, MemoryDatabase
 
 if TYPE_CHECKING:

@@ -13,7 +13,9 @@ from ticklock import Scheduler
 def test_a_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     for name in [module, *(n for n in sys.modules if n.startswith(f"{module}."))]:
         monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
-    for loaded in [name for name in sys.modules if name.startswith("ticklock._dashboard")]:
+    for loaded in [
+        name for name in sys.modules if name.startswith("ticklock._operators.dashboard")
+    ]:
         monkeypatch.delitem(sys.modules, loaded)  # imported again, and put back after the test
     scheduler = Scheduler()
     with pytest.raises(ModuleNotFoundError) as raised:

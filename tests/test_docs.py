@@ -106,7 +106,7 @@ def test_the_reference_shows_the_defaults_job_declare_uses() -> None:
     import importlib.util
 
     from ticklock import JobOptions, every
-    from ticklock._job import Job
+    from ticklock._schedule.job import Job
 
     path = DOCS / "reference" / "rst_docstrings.py"
     spec = importlib.util.spec_from_file_location("rst_docstrings", path)

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import Replicas, eventually
 from test_operations import count_beats, db_now, json_job, wait_live, wait_run
-from ticklock._sharing import weight
+from ticklock._runtime.sharing import weight
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from helpers import Replicas, eventually
-from ticklock._sharing import weight
+from ticklock._runtime.sharing import weight
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 

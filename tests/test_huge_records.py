@@ -25,8 +25,8 @@ import anyio
 import pytest
 
 from ticklock import JobContext, Outcome, Scheduler, every
-from ticklock._caps import ERROR_LIMIT, MARKER_KEY, MARKER_MAX, REPORT_LIMIT
-from ticklock._dashboard.app import MAX_TEXT
+from ticklock._operators.dashboard.app import MAX_TEXT
+from ticklock._schedule.caps import ERROR_LIMIT, MARKER_KEY, MARKER_MAX, REPORT_LIMIT
 
 pytestmark = [pytest.mark.anyio]
 REPORT = 1_000_000  # characters of each huge report's string

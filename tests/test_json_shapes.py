@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-import ticklock._cli.fleet
-import ticklock._cli.ledger
+import ticklock._operators.cli.fleet
+import ticklock._operators.cli.ledger
 from test_dashboard import MemoryFleet, call, ledger, sample_fleet, serve
-from ticklock._cli import main
-from ticklock._dashboard import create_app
+from ticklock._operators.cli import main
+from ticklock._operators.dashboard import create_app
 
 
 @pytest.fixture
@@ -29,8 +29,8 @@ def fleet(monkeypatch: pytest.MonkeyPatch) -> MemoryFleet:
     async def open_fleet(args: argparse.Namespace) -> AsyncIterator[MemoryFleet]:
         yield fleet
 
-    monkeypatch.setattr(ticklock._cli.fleet, "open_fleet", open_fleet)
-    monkeypatch.setattr(ticklock._cli.ledger, "open_fleet", open_fleet)
+    monkeypatch.setattr(ticklock._operators.cli.fleet, "open_fleet", open_fleet)
+    monkeypatch.setattr(ticklock._operators.cli.ledger, "open_fleet", open_fleet)
     return fleet
 
 

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from ticklock import cron, every
-from ticklock._fleet import Action, Fate, RunRecord
-from ticklock._ledger import AHEAD, STALLED, Incident, Records, Span, account, walking
-from ticklock._spec import Spec, from_json, to_json
+from ticklock._operators.fleet import Action, Fate, RunRecord
+from ticklock._operators.ledger import AHEAD, STALLED, Incident, Records, Span, account, walking
+from ticklock._schedule.spec import Spec, from_json, to_json
 
 T0 = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
 

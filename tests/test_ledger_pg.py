@@ -20,11 +20,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from helpers import eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Scheduler, cron, every
-from ticklock._fleet import Fate, SlotRecord
-from ticklock._ledger import walking
-from ticklock._postgres.fleet import PostgresFleet, from_connection
-from ticklock._postgres.schema import migrate
-from ticklock._spec import Spec, to_json
+from ticklock._backends.postgres.fleet import PostgresFleet, from_connection
+from ticklock._backends.postgres.schema import migrate
+from ticklock._operators.fleet import Fate, SlotRecord
+from ticklock._operators.ledger import walking
+from ticklock._schedule.spec import Spec, to_json
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 

@@ -13,8 +13,8 @@ import pytest
 
 from blackhole import blackhole
 from helpers import Replicas, eventually
-from ticklock._fleet import Fate, SlotRecord
-from ticklock._postgres.fleet import PostgresFleet, from_connection
+from ticklock._backends.postgres.fleet import PostgresFleet, from_connection
+from ticklock._operators.fleet import Fate, SlotRecord
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 

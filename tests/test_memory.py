@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from ticklock import JobContext, Scheduler, every
-from ticklock._sharing import LIVE
+from ticklock._runtime.sharing import LIVE
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
@@ -183,7 +183,8 @@ async def test_a_view_change_over_many_jobs_lets_the_loop_run_between_chunks(
 ) -> None:
     """A replica joining a fleet of many jobs: every job takes its role in the new view, but
     not in one go: other tasks (runs, timers) run between chunks of jobs."""
-    from ticklock import _cycle, _service
+    from ticklock._runtime import cycle as _cycle
+    from ticklock._runtime import service as _service
 
     clock, db = ManualClock(T0), MemoryDatabase()
     scheduler = Scheduler(database=db, clock=clock, owner="a")

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from ticklock import JobContext, Scheduler, every
-from ticklock._postgres.schema import VERSION, migrate
+from ticklock._backends.postgres.schema import VERSION, migrate
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 

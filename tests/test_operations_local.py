@@ -10,7 +10,7 @@ import pytest
 
 from helpers import at
 from ticklock import JobContext, Outcome, Scheduler, every
-from ticklock._fleet import JobDeclared, JobState
+from ticklock._operators.fleet import JobDeclared, JobState
 from ticklock.testing import ManualClock
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ import pytest
 
 from helpers import at, eventually, run_log
 from ticklock import JobContext, Outcome, Scheduler, cron, every
-from ticklock._fleet import JobState
+from ticklock._operators.fleet import JobState
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio

@@ -20,9 +20,8 @@ from ticklock import (
     cron,
     every,
 )
-from ticklock._coordination import FleetState
-from ticklock._job import Job
-from ticklock._plan import (
+from ticklock._backends.seam import FleetState
+from ticklock._runtime.plan import (
     GIVE_UP_FOR,
     KEEP,
     Admission,
@@ -48,6 +47,7 @@ from ticklock._plan import (
     standing,
     steer,
 )
+from ticklock._schedule.job import Job
 from ticklock.testing import ManualClock
 
 T0 = at("2030-01-01T00:00:00Z")

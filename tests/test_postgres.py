@@ -11,12 +11,12 @@ import anyio
 import asyncpg
 import pytest
 
-import ticklock._postgres.database
+import ticklock._backends.postgres.database
 from helpers import add_lock_holder, at, eventually, run_log
 from pgserver import TempPostgres
 from ticklock import JobContext, Outcome, Scheduler, SystemClock, cron, every, lock_key
-from ticklock._postgres.retention import Retention
-from ticklock._postgres.schema import migrate
+from ticklock._backends.postgres.retention import Retention
+from ticklock._backends.postgres.schema import migrate
 from ticklock.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -263,7 +263,7 @@ async def test_a_commit_cut_short_by_its_bound_is_an_error_not_a_success(
     # The commit runs shielded but bounded (a stalled server or network must not hang the
     # tick). A commit the bound cut short had been reported as a success: the watermark
     # rolled back while the run, its gauge and health said it had committed.
-    monkeypatch.setattr(ticklock._postgres.database, "CLEANUP_SECONDS", 0.5)
+    monkeypatch.setattr(ticklock._backends.postgres.database, "CLEANUP_SECONDS", 0.5)
     caplog.set_level(logging.WARNING, logger="ticklock")
     scheduler = Scheduler(pg_dsn, schema=pg_schema)
 

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import UTC, at, run_log
 from ticklock import JobContext, Outcome, Scheduler, SchedulerStateError, cron, every
-from ticklock._memory import MemoryCoordinator
+from ticklock._backends.memory import MemoryCoordinator
 from ticklock.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -505,7 +505,7 @@ async def test_context_fields() -> None:
     assert first.idempotency_key != second.idempotency_key
     assert len(first.idempotency_key) == 32
     # the key is stable: derived from namespace, job id and slot only
-    from ticklock._job import idempotency_key
+    from ticklock._schedule.job import idempotency_key
 
     assert first.idempotency_key == idempotency_key("app", "work", T0)
     assert idempotency_key("other", "work", T0) != first.idempotency_key

@@ -16,7 +16,7 @@ import pytest
 
 from test_statements import ALLOWED, REFUSED
 from ticklock import JobContext, Outcome, Scheduler, SystemClock, every, lock_key
-from ticklock._postgres.statements import transaction_control
+from ticklock._backends.postgres.statements import transaction_control
 from ticklock.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]

@@ -15,8 +15,8 @@ import pytest
 
 from helpers import eventually, run_log
 from ticklock import JobContext, Scheduler, every
-from ticklock._sharing import Member, Share, weight
-from ticklock._triggers import Trigger
+from ticklock._runtime.sharing import Member, Share, weight
+from ticklock._schedule.triggers import Trigger
 from ticklock.testing import ManualClock, MemoryDatabase
 
 JOBS = [f"job-{i}" for i in range(1000)]

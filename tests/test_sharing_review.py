@@ -10,7 +10,7 @@ import pytest
 
 from test_sharing import Backup, ahead_of
 from ticklock import Job, JobContext, Scheduler, every
-from ticklock._triggers import Trigger
+from ticklock._schedule.triggers import Trigger
 
 
 def _declared_otherwise(trigger: Trigger) -> list[Job]:
@@ -157,7 +157,7 @@ async def test_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_silent(
 ) -> None:
     import logging
 
-    from ticklock._coordination import FleetState
+    from ticklock._backends.seam import FleetState
 
     b = Backup(every(10, initial_delay=5))
     owner = ahead_of("backup", "job")
@@ -177,7 +177,7 @@ async def test_a_look_that_reads_a_fresh_pause_does_not_call_the_owner_silent(
 @pytest.mark.anyio
 async def test_a_job_that_fails_everywhere_is_given_up_yet_runs_every_slot() -> None:
     from ticklock import Scheduler
-    from ticklock._sharing import weight
+    from ticklock._runtime.sharing import weight
     from ticklock.testing import ManualClock, MemoryDatabase
 
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=timezone.utc))

@@ -239,7 +239,7 @@ async def test_a_grant_made_after_start_is_used_without_a_restart(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
     # An administrator ran 'ticklock migrate'; the app's own user may connect, and no more.
-    from ticklock._postgres.schema import migrate
+    from ticklock._backends.postgres.schema import migrate
 
     await migrate(pg_conn, pg_schema)
     role = f"{pg_schema}_app"
@@ -262,7 +262,7 @@ async def test_a_grant_made_after_start_is_used_without_a_restart(
 async def test_a_partial_grant_is_named_before_any_tick_needs_it(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
-    from ticklock._postgres.schema import migrate
+    from ticklock._backends.postgres.schema import migrate
 
     await migrate(pg_conn, pg_schema)
     role = f"{pg_schema}_app"
@@ -332,7 +332,7 @@ async def test_a_user_without_rights_on_the_tables_gets_the_grants_to_make(
     pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:
     # An administrator ran 'ticklock migrate'; the app's own user may connect, and no more.
-    from ticklock._postgres.schema import migrate
+    from ticklock._backends.postgres.schema import migrate
 
     await migrate(pg_conn, pg_schema)
     role = f"{pg_schema}_app"
@@ -356,7 +356,7 @@ def test_one_outage_is_one_warning_whatever_its_causes_in_turn(
     import asyncpg
 
     from ticklock import SystemClock
-    from ticklock._postgres.database import Database
+    from ticklock._backends.postgres.database import Database
 
     db = Database(
         dsn="postgresql://127.0.0.1:1/x",

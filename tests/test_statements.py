@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ticklock._postgres.statements import controls_transaction, split, transaction_control
+from ticklock._backends.postgres.statements import controls_transaction, split, transaction_control
 
 REFUSED = [
     ("commit", "COMMIT", "COMMIT"),

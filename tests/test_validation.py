@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from ticklock import JobContext, ScheduleError, Scheduler, cron, every
-from ticklock._fleet import checked
+from ticklock._operators.fleet import checked
 
 
 async def handler(ctx: JobContext) -> None:

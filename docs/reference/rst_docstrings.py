@@ -80,7 +80,7 @@ def _unpack_options(func: griffe.Function) -> None:
     match = UNPACK.match(str(params[-1].annotation))
     if match is None:
         return
-    options = func.module.modules_collection["ticklock._job"].members[match.group(1)]
+    options = func.module.modules_collection["ticklock._schedule.job"].members[match.group(1)]
     keywords = [
         griffe.Parameter(
             name,

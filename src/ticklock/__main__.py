@@ -1,5 +1,5 @@
 """``python -m ticklock``: the command-line interface."""
 
-from ._cli import main
+from ._operators.cli import main
 
 raise SystemExit(main())

@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 
 import anyio
 
-from ._cli.plan import summary
-from ._job import JobContext
+from ._operators.cli.plan import summary
+from ._schedule.job import JobContext
+from ._schedule.triggers import cron, every
 from ._scheduler import Scheduler
-from ._triggers import cron, every
 
 
 class _Printer(logging.Handler):

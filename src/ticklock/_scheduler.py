@@ -16,22 +16,22 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from typing_extensions import Unpack
 
-from ._clock import Clock, SystemClock
-from ._coordination import Backend, Control
-from ._crew import Crew, last_successes
-from ._cycle import Cycle
-from ._dispatcher import Dispatcher
+from ._backends.memory import MemoryDatabase
+from ._backends.seam import Backend, Control
 from ._errors import ScheduleError, SchedulerStateError
-from ._job import Handler, Job, JobHealth, JobOptions, RunResult
-from ._memory import MemoryDatabase
-from ._operations import SchedulerFleet
-from ._runner import Runner
-from ._service import Service
-from ._sharing import Share
+from ._operators.operations import SchedulerFleet
+from ._runtime.clock import Clock, SystemClock
+from ._runtime.crew import Crew, last_successes
+from ._runtime.cycle import Cycle
+from ._runtime.dispatcher import Dispatcher
+from ._runtime.runner import Runner
+from ._runtime.service import Service
+from ._runtime.sharing import Share
+from ._schedule.job import Handler, Job, JobHealth, JobOptions, RunResult
+from ._schedule.triggers import Trigger
+from ._schedule.validate import Duration, identifier, name, seconds
+from ._schedule.validate import dsn as valid_dsn
 from ._telemetry import Telemetry
-from ._triggers import Trigger
-from ._validate import Duration, identifier, name, seconds
-from ._validate import dsn as valid_dsn
 
 if TYPE_CHECKING:
     import asyncpg
@@ -154,8 +154,8 @@ class Scheduler:
         )
 
     def _use_postgres(self, dsn: str | None, pool: asyncpg.Pool[Any] | None) -> None:
-        from ._postgres.coordinator import PostgresBackend
-        from ._postgres.retention import Retention
+        from ._backends.postgres.coordinator import PostgresBackend
+        from ._backends.postgres.retention import Retention
 
         self._backend = PostgresBackend(
             dsn, pool, self.namespace, self.schema, self._random, self._require_database
@@ -395,7 +395,7 @@ class Scheduler:
         ``AuthenticationMiddleware`` authenticated, else ``dashboard (<client address>)``
         (never taken from a request header). Needs ``ticklock[dashboard]``."""
         try:
-            from ._dashboard import create_app
+            from ._operators.dashboard import create_app
         except ImportError as exc:  # the extra, not installed: say which (as the CLI does)
             missing = (exc.name or "?").partition(".")[0]
             if missing.startswith("ticklock"):

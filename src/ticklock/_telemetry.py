@@ -16,7 +16,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, Status, StatusCode
 
-from ._job import Outcome, RunResult
+from ._schedule.job import Outcome, RunResult
 
 logger = logging.getLogger("ticklock")
 

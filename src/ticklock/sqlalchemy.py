@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._errors import SchedulerStateError
-from ._job import JobContext
+from ._schedule.job import JobContext
 
 if TYPE_CHECKING:
     import asyncpg

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from ._job import JobContext, _is_async
-from ._memory import MemoryDatabase, ReplicaLost
+from ._backends.memory import MemoryDatabase, ReplicaLost
+from ._schedule.job import JobContext, _is_async
 
 if TYPE_CHECKING:
     import asyncpg
@@ -140,8 +140,8 @@ async def run_job(
         report = await run_job(purge, conn=conn, slot=datetime(2026, 1, 1, tzinfo=timezone.utc))
         assert report == {"deleted": 3}    # and the deletion was rolled back
     """
-    from ._validate import dsn as valid_dsn
-    from ._validate import name, seconds
+    from ._schedule.validate import dsn as valid_dsn
+    from ._schedule.validate import name, seconds
 
     if not _is_async(handler):
         raise TypeError(f"run_job: handler must be an async function, got {handler!r}")
@@ -178,7 +178,7 @@ async def run_job(
     )
     if dsn is None:
         return await _run(handler, ctx, limit, commit)
-    from ._postgres.connection import connect
+    from ._backends.postgres.connection import connect
 
     own, _ = await connect(dsn)
     try:
@@ -192,7 +192,7 @@ async def _run(
     handler: Callable[[JobContext], Awaitable[T]], ctx: JobContext, limit: float, commit: bool
 ) -> T:
     """Call ``handler`` under its timeout, in a transaction on ``ctx.conn`` if there is one."""
-    from ._runner import _check_report  # the scheduler's own test of a storable report
+    from ._runtime.runner import _check_report  # the scheduler's own test of a storable report
 
     conn = ctx.conn
     tx = None if conn is None else conn.transaction()

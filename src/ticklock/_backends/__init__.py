@@ -1,0 +1,1 @@
+"""The backends behind the runtime's seam: memory and PostgreSQL."""

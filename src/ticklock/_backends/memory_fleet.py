@@ -1,0 +1,289 @@
+"""What operators see and steer of a :class:`~ticklock._backends.memory.MemoryDatabase`: the
+:class:`Fleet` of local mode and of the schedulers sharing one in a test."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import NamedTuple, Protocol
+
+import anyio
+
+from .._operators.fleet import (
+    BUILTIN,
+    Action,
+    JobDeclared,
+    JobRecord,
+    Replica,
+    RunRecord,
+    SlotRecord,
+    said,
+    state_of,
+)
+from .._operators.ledger import LIMIT, TEXT, Incident, Span, account
+from .._operators.ledger import Records as LedgerRecords
+from .._runtime.clock import Clock
+from .._runtime.sharing import Member, owner_of
+from .._schedule import spec as _spec
+from .._schedule.caps import cut_text, shorten_report
+from .._schedule.job import Job, JobHealth, Outcome, RunResult
+from .seam import Declared, FleetState
+
+
+class Presence(NamedTuple):
+    """A replica that was (or is) live, and what it declared."""
+
+    owner: str
+    since: datetime
+    until: datetime | None
+    """``None``: live now."""
+    declared: Declared
+    exact: bool = False
+    """It left at ``until`` (else ``until`` is its last beat: it died, or its beats stopped)."""
+
+
+class Records(Protocol):
+    """What the view reads and writes of a :class:`~ticklock._backends.memory.MemoryDatabase`."""
+
+    states: dict[str, FleetState]
+    history: dict[str, deque[RunResult]]
+    declared: dict[str, Job]
+    actions: deque[Action]
+    since: datetime | None
+    incidents: deque[Incident]
+
+    def declarations(self) -> list[Declared]:
+        """What each live replica declares."""
+        ...
+
+    def replicas(self) -> list[Replica]:
+        """The live replicas, by owner."""
+        ...
+
+    def view(self) -> tuple[dict[str, Member], dict[str, datetime]]:
+        """The live replicas as each sees the others."""
+        ...
+
+    def presence(self) -> list[Presence]:
+        """The replicas live now and those that were."""
+        ...
+
+    def steer(
+        self, job_id: str, *, paused_at: datetime | None, trigger_at: datetime | None
+    ) -> None:
+        """Record what operators asked of the job, and tell every replica."""
+        ...
+
+
+class MemoryFleet:
+    """What operators see and steer of a ``MemoryDatabase``'s jobs."""
+
+    namespace = "default"
+
+    def __init__(
+        self,
+        db: Records,
+        clock: Clock,
+        jobs: Callable[[], Mapping[str, Job]],
+        health: Callable[[], list[JobHealth]],
+    ) -> None:
+        self._db = db
+        self._clock = clock
+        self._jobs = jobs
+        self._health = health
+
+    def _declared(self) -> tuple[set[str], set[str]]:
+        """The ids declared here or by a live replica: enabled by one, and only disabled."""
+        enabled = {i for i, job in self._jobs().items() if job.enabled}
+        disabled = {i for i, job in self._jobs().items() if not job.enabled}
+        for declared in self._db.declarations():
+            enabled.update(declared.enabled)
+            disabled.update(declared.disabled)
+        return enabled, disabled - enabled
+
+    def _spec(self, job_id: str) -> _spec.Spec | None:
+        job = self._jobs().get(job_id)
+        job = job or self._db.declared.get(job_id)
+        return _spec.of(job) if job is not None else None
+
+    async def jobs(self) -> list[JobRecord]:
+        """Every job declared or with a state."""
+        db = self._db
+        enabled, disabled = self._declared()
+        health = {h.job_id: h for h in self._health()}
+        members, _ = db.view()
+        last_action = {a.job_id: a for a in db.actions if a.changed and a.action != "forget"}
+        records = []
+        for job_id in sorted(enabled | disabled | db.states.keys() | db.history.keys()):
+            state = db.states.get(job_id) or FleetState()
+            runs = db.history.get(job_id, ())
+            failed = [r for r in runs if r.outcome is not Outcome.SUCCESS]
+            seen = health.get(job_id)
+            spec = self._spec(job_id)
+            threshold = spec.failure_threshold if spec is not None else 1
+            records.append(
+                JobRecord(
+                    job_id=job_id,
+                    state=state_of(
+                        undeclared=job_id not in enabled and job_id not in disabled,
+                        disabled=job_id in disabled,
+                        paused=state.paused_at is not None or (seen is not None and seen.paused),
+                        future=False,
+                        overdue=seen is not None and seen.overdue,
+                        failing=state.consecutive_failures >= threshold,
+                    ),
+                    last_success=state.last_success_at,
+                    last_outcome=runs[-1].outcome.value if runs else None,
+                    next_due=None if seen is None else seen.next_fire,
+                    consecutive_failures=state.consecutive_failures,
+                    last_error=failed[-1].error if failed else None,
+                    last_owner=runs[-1].owner if runs else None,
+                    paused_at=state.paused_at,
+                    trigger_at=state.trigger_at,
+                    last_batches=runs[-1].batches if runs else 0,
+                    last_capped=runs[-1].capped if runs else False,
+                    schedule=None if spec is None else spec.schedule,
+                    timeout=None if spec is None else spec.timeout,
+                    retries=None if spec is None else spec.retries,
+                    owner=owner_of(members, job_id) if members else _alone(db, job_id),
+                    builtin=job_id.startswith(BUILTIN),
+                    last_action=last_action.get(job_id),
+                )
+            )
+        return records
+
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
+        """The job's last ``limit`` runs (the database keeps the last 100 of each job)."""
+        self._known(job_id)
+        runs = list(self._db.history.get(job_id, ()))[::-1][:limit]
+        return [_record(run, max_text) for run in runs]
+
+    async def replicas(self) -> list[Replica]:
+        """The live replicas."""
+        return self._db.replicas()
+
+    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Pause the job for every replica of this database."""
+        note, who = said(note, who)
+        state = self._state(job_id)
+        changed = state.paused_at is None
+        paused_at = state.paused_at or self._clock.now()
+        self._db.steer(job_id, paused_at=paused_at, trigger_at=state.trigger_at)
+        self._audit(job_id, "pause", note, who, changed)
+        return changed
+
+    async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Resume the job for every replica of this database."""
+        note, who = said(note, who)
+        state = self._state(job_id)
+        changed = state.paused_at is not None
+        self._db.steer(job_id, paused_at=None, trigger_at=state.trigger_at)
+        self._audit(job_id, "resume", note, who, changed)
+        return changed
+
+    async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
+        """Ask for one run of the job as soon as possible."""
+        note, who = said(note, who)
+        if job_id not in self._declared()[0]:
+            raise KeyError(f"job {job_id!r} is not declared, or declared with enabled=False")
+        state = self._state(job_id)
+        at = state.trigger_at or self._clock.now()
+        self._db.steer(job_id, paused_at=state.paused_at, trigger_at=at)
+        self._audit(job_id, "trigger", note, who, state.trigger_at is None)
+        return at
+
+    async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
+        """Delete the state and history of a job no replica declares."""
+        note, who = said(note, who)
+        enabled, disabled = self._declared()
+        if job_id in enabled or job_id in disabled:
+            raise JobDeclared(f"job {job_id!r} is declared: remove it from the scheduler first")
+        db = self._db
+        state, runs = db.states.pop(job_id, None), db.history.pop(job_id, None)
+        if state is None and runs is None:
+            raise KeyError(f"no job {job_id!r}")
+        db.declared.pop(job_id, None)
+        self._audit(job_id, "forget", note, who, True)
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations, newest first (the database keeps the last 1,000)."""
+        actions = [a for a in self._db.actions if job_id is None or a.job_id == job_id]
+        return actions[::-1][:limit]
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT
+    ) -> list[SlotRecord]:
+        """The ledger of the job (from the last 100 runs the database keeps of it)."""
+        self._known(job_id)
+        spec = self._spec(job_id)
+        if spec is None:
+            raise KeyError(f"job {job_id!r} was never declared here: its schedule is unknown")
+        db = self._db
+        now = self._clock.now()
+        presence = [
+            Span(p.owner, p.since, p.until, job_id in p.declared.enabled, p.exact)
+            for p in db.presence()
+            if job_id in p.declared.enabled or job_id in p.declared.disabled
+        ]
+        kept = db.history.get(job_id, deque())
+        full = kept.maxlen is not None and len(kept) >= kept.maxlen
+        reach = since - timedelta(minutes=1)  # as PostgreSQL reads them: those of the window
+        records = LedgerRecords(
+            runs=[_record(run, TEXT) for run in kept],
+            actions=[a for a in db.actions if a.job_id == job_id],
+            presence=[
+                p for p in presence if (p.until is None or p.until >= reach) and p.since <= until
+            ],
+            incidents=list(db.incidents),
+            paused_at=(db.states.get(job_id) or FleetState()).paused_at,
+            horizon=db.since,
+            declared_since=min((p.since for p in presence), default=None),
+            complete_since=min(r.slot for r in kept if r.slot) if full and kept else None,
+        )
+        return await anyio.to_thread.run_sync(account, spec, records, since, until, now, limit)
+
+    def _audit(self, job_id: str, action: str, note: str | None, who: str, changed: bool) -> None:
+        self._db.actions.append(Action(job_id, action, who, self._clock.now(), note, changed))
+
+    def _known(self, job_id: str) -> None:
+        db = self._db
+        if job_id in db.states or job_id in db.history:
+            return
+        enabled, disabled = self._declared()
+        if job_id not in enabled and job_id not in disabled:
+            raise KeyError(f"no job {job_id!r}")
+
+    def _state(self, job_id: str) -> FleetState:
+        self._known(job_id)
+        return self._db.states.get(job_id) or FleetState()
+
+
+def _alone(db: Records, job_id: str) -> str | None:
+    """The owner of ``job_id`` when at most one replica is live (the view is then empty)."""
+    for replica in db.replicas():
+        if job_id in replica.jobs:
+            return replica.owner
+    return None
+
+
+def _record(run: RunResult, max_text: int | None) -> RunRecord:
+    report, error = run.report, run.error
+    if max_text is not None:  # what the runner kept is within the caps already
+        report = shorten_report(report, max_text)
+        error = None if error is None else cut_text(error, len(error), max_text)
+    return RunRecord(
+        job_id=run.job_id,
+        slot=run.slot,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        outcome=run.outcome.value,
+        owner=run.owner,
+        report=report,
+        error=error,
+        manual=run.manual,
+        batches=run.batches,
+        capped=run.capped,
+    )

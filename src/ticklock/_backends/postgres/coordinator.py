@@ -1,0 +1,418 @@
+"""PostgreSQL coordination: each tick is one transaction that holds the job's advisory lock.
+
+Round trips of a tick that runs: (1) ``BEGIN; SET LOCAL ...; refuse a slot in the database's
+future, else try the lock`` in one simple query, (2) read the fleet state (a fresh snapshot,
+taken after the lock), then the handler, (3) the watermark + success + run record in one
+statement, (4) ``COMMIT`` (see :mod:`.tick`). A tick that finds the lock held takes 2 (the
+first, and ``ROLLBACK`` with a look at the holder: a tick past its deadline, its bound
+plus :data:`~.tick.STALE_GRACE`, has its session ended, and the lock is tried again); one that
+skips takes 3; a refused slot takes 2, and its handler never starts. "The database's future"
+is measured from ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`), here and in the
+commit's and the failure record's checks.
+
+The locks are transaction-level (``pg_try_advisory_xact_lock``, see :func:`.sql.locks` for
+the three a tick takes): they are released by COMMIT, ROLLBACK or the end of the session, never
+by a timer, and they work through transaction-mode poolers. ``SET LOCAL`` timeouts make the
+server end the session of a holder that is paused (GC, SIGSTOP, VM suspend), which frees the
+locks and discards its writes.
+
+The coordinator composes the database's readiness (:mod:`.database`), the tick
+(:mod:`.tick`) and the replica's heartbeat (:mod:`.control`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from random import Random
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+from ..._errors import ClockAhead, SchedulerStateError
+from ..._operators.fleet import Fleet
+from ..._runtime.clock import Clock
+from ..._runtime.plan import next_due, overdue_at
+from ..._schedule import spec as _spec
+from ..._schedule.job import Job, JobHealth, Outcome, RunResult
+from ..._schedule.lock_key import lock_key
+from ..seam import FUTURE_LIMIT, Control, Declared, FleetState, OnView
+from . import database
+from .control import Watch
+from .database import Database
+from .fleet import PostgresFleet, from_pool
+from .sql import Begun, Holder, begin, end_stale_holder
+from .tick import SERVER_GRACE, STALE_GRACE, Tick, limit_ms, storable
+
+if TYPE_CHECKING:
+    import asyncpg
+
+logger = logging.getLogger("ticklock")
+
+GRACE_MS = int(STALE_GRACE * 1000)
+
+
+def _role(conn: asyncpg.Connection[Any]) -> str:
+    """The role this replica's sessions run as (as the server reported it)."""
+    try:
+        return str(conn.get_settings().session_authorization)
+    except AttributeError:
+        return "the replicas' role"
+
+
+def _refusal(holder: Holder, role: str) -> tuple[str, str]:
+    """Why a holder past its deadline may not be ended, and the fix, for the WARNING."""
+    if holder is Holder.SUPERUSER:
+        return (
+            "it runs as a superuser, whose session only a superuser may end",
+            "Run the replicas as a role that is not a superuser",
+        )
+    return (
+        f"this replica's role ({role}) may not end its session",
+        f"GRANT pg_signal_backend TO {role} (or run every replica as one role)",
+    )
+
+
+_RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
+
+
+@dataclass(frozen=True)
+class PostgresBackend:
+    """A namespace of a PostgreSQL database (from a DSN, or the application's pool)."""
+
+    dsn: str | None
+    pool: asyncpg.Pool[Any] | None
+    namespace: str
+    schema: str
+    random: Random
+    require_database: bool = False
+
+    def coordinator(self, owner: str, clock: Clock) -> PostgresCoordinator:
+        """A coordinator with a database of its own (its pool is created at ``open``)."""
+        return PostgresCoordinator(
+            Database(
+                dsn=self.dsn,
+                pool=self.pool,
+                namespace=self.namespace,
+                schema=self.schema,
+                clock=clock,
+                random=self.random,
+                require_database=self.require_database,
+                owner=owner,
+            )
+        )
+
+
+class PostgresCoordinator:
+    """Coordination through one PostgreSQL database (see the module docstring and
+    :class:`~.database.Database` for what happens while it does not answer)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.namespace = db.namespace
+        self.schema = db.schema
+        self._refused: set[Holder] = set()  # why a stale holder may not be ended: said once
+        self._watch: Watch | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the database answered and the schema is migrated."""
+        return self.db.ready
+
+    @property
+    def problem(self) -> str | None:
+        """Why the database cannot be used now (its error and the fix), ``None`` when it can."""
+        return self.db.problem
+
+    @property
+    def pool(self) -> asyncpg.Pool[Any] | None:
+        """The pool ticks use (while open)."""
+        return self.db.pool
+
+    async def open(self) -> None:
+        """Create the pool, migrate and check the clock (see :meth:`Database.open`)."""
+        await self.db.open()
+
+    async def connect(self) -> None:
+        """Return once the database answers and the schema is migrated."""
+        await self.db.connect()
+
+    async def close(self) -> None:
+        """Close the pool if ticklock created it."""
+        await self.db.close()
+
+    def classify(self, exc: BaseException) -> Outcome | None:
+        """``ERROR`` when ``exc`` means the session or the server was lost (or not there)."""
+        return self.db.classify(exc)
+
+    def explain(self, exc: BaseException) -> str:
+        """One line for an error that fails start-up: its cause, and the fix."""
+        return self.db.explain(exc)
+
+    async def watch(
+        self,
+        owner: str,
+        declared: Callable[[], Declared],
+        apply: Callable[[Mapping[str, Control]], None],
+        members: OnView,
+    ) -> NoReturn:
+        """Beat for this replica, obey pauses and triggers, and report the live replicas
+        (see :mod:`.control`)."""
+        self._watch = Watch(self.db, self.db.dsn, self.db.clock, owner, declared, apply, members)
+        try:
+            await self._watch.run()
+        finally:
+            self._watch = None
+
+    def fleet(
+        self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
+    ) -> Fleet:
+        """The namespace's fleet through this coordinator's pool (the database keeps the
+        declarations: ``jobs`` and ``health`` are not needed)."""
+        pool = self.db.pool
+        if pool is None:
+            raise SchedulerStateError(
+                "the scheduler is not running: in PostgreSQL mode its operations use its "
+                "pool (use 'ticklock pause|resume|trigger' from outside the app)"
+            )
+        fleet: PostgresFleet = PostgresFleet(
+            from_pool(pool), schema=self.schema, namespace=self.namespace
+        )
+        return fleet
+
+    def poke(self) -> None:
+        """Beat now."""
+        if self._watch is not None:
+            self._watch.poke()
+
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep a stall of this replica's loop; its next beat records it."""
+        self.db.stalled(job_id, seconds)
+
+    async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
+        """Register the jobs (a row each, if new), read the namespace's fleet state, and move
+        the overdue instants that ``ticklock status`` reads to the schedules declared now.
+
+        A database that stopped answering leaves the coordinator not :attr:`ready`."""
+        try:
+            return await self._load(jobs, now)
+        except Exception as exc:
+            if self.db.classify(exc):
+                self.db.ready = False
+                self.db.down(exc)
+            raise
+
+    async def _load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
+        async with self.db.connection() as conn:
+            await conn.execute(
+                self.db.sql.register,
+                self.namespace,
+                list(jobs),
+                [overdue_at(job, now) for job in jobs.values()],
+            )
+            await conn.execute(
+                self.db.sql.describe,
+                self.namespace,
+                list(jobs),
+                [json.dumps(_spec.to_json(_spec.of(job))) for job in jobs.values()],
+            )
+            rows = await conn.fetch(self.db.sql.load, self.namespace)
+            states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}
+            # A finished run stores the instant from its own schedule; a deploy that changed
+            # the schedule would leave status judging by the old one until the next run ends.
+            moved = [
+                (row["job_id"], row["last_end"], due)
+                for row in rows
+                if row["job_id"] in jobs
+                and row["last_end"] is not None
+                and (due := overdue_at(jobs[row["job_id"]], row["last_end"])) != row["overdue_at"]
+            ]
+            if moved:
+                # Replicas that start together would update the same rows: one at a time,
+                # never in two orders (a deadlock). A row whose last end moved since it was
+                # read is left to the run that moved it.
+                async with conn.transaction():
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock($1)", lock_key(self.schema, _RESCHEDULE)
+                    )
+                    ids, ends, dues = (list(column) for column in zip(*moved, strict=True))
+                    await conn.execute(self.db.sql.reschedule, self.namespace, ids, ends, dues)
+        return states
+
+    async def _begin(
+        self, conn: asyncpg.Connection[Any], job_id: str, budget: float, at: datetime
+    ) -> Begun:
+        statement = begin(
+            lock_key(self.namespace, job_id, schema=self.schema),
+            lock_key(self.namespace, job_id),
+            limit_ms(budget),
+            GRACE_MS,
+            transaction_timeout=self.db.transaction_timeout,
+            at=at,
+            anchor=self.db.anchor(),
+        )
+        status = await conn.execute(statement)
+        return Begun(int(status.rsplit(" ", 1)[1]))
+
+    async def _take_over(self, attempt: Tick, job_id: str, budget: float, at: datetime) -> Begun:
+        """The lock is held: roll back, and end the holder's session if it is a tick past its
+        deadline (a frozen replica whose handler switched the server-side timeouts off), then
+        try once more. The common path (the lock taken) never pays this."""
+        assert attempt.con is not None
+        conn = attempt.con
+        key = lock_key(self.namespace, job_id, schema=self.schema)
+        status = await conn.execute("ROLLBACK; " + end_stale_holder(key, self.db.terminate_wait))
+        attempt.open = False
+        holder = Holder(int(status.rsplit(" ", 1)[1]))
+        if holder in (Holder.REFUSED, Holder.SUPERUSER) and holder not in self._refused:
+            self._refused.add(holder)  # said once per cause
+            logger.warning(
+                "%s: the replica holding the lock is past its deadline (its tick began more "
+                "than its timeout + %.0f s ago: its handler switched off the server-side "
+                "timeouts, and it is frozen or stuck), and %s: no replica can run the job "
+                "until it lets go. %s",
+                job_id,
+                SERVER_GRACE + STALE_GRACE,
+                *_refusal(holder, _role(conn)),
+                extra={"job_id": job_id},
+            )
+        if holder is not Holder.ENDED:
+            return Begun.HELD
+        logger.warning(
+            "%s: ended the session of the replica holding the lock past its deadline (its "
+            "handler had switched off the server-side timeouts, and it is frozen or stuck): "
+            "its writes are rolled back, and this replica runs the job",
+            job_id,
+            extra={"job_id": job_id},
+        )
+        attempt.open = True
+        return await self._begin(conn, job_id, budget, at)
+
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Tick:
+        """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
+        or the tick's start if later), try the lock, and read the job's state under it."""
+        if not self.db.ready:
+            await self.db.reconnect()
+        sent, since = time.monotonic(), self.db.clock.now()
+        try:
+            await self.db.fresh()
+            assert self.db.pool is not None, "the coordinator is not open"
+            conn = cast("asyncpg.Connection[Any]", await self.db.pool.acquire())
+        except BaseException as exc:
+            self._failed(exc, sent, since)
+            raise
+        attempt = Tick(self.db, job_id, conn, limit_ms(budget))
+        answered = False
+        try:
+            asked, when = time.monotonic(), self.db.clock.now()
+            begun = await self._begin(conn, job_id, budget, at)
+            answered = True
+            self.db.answered(asked, when)
+            if begun is Begun.HELD:
+                begun = await self._take_over(attempt, job_id, budget, at)
+            if begun is Begun.AHEAD:
+                self.db.refused(at)
+                raise self._ahead(at)
+            if begun is not Begun.ACQUIRED:
+                return attempt  # held by another replica: close() rolls back
+            row = await conn.fetchrow(self.db.sql.state, self.namespace, job_id, attempt.seal)
+            assert row is not None  # the statement returns one row
+            tx, *state = row
+            attempt.acquired = True
+            attempt.tx = tx
+            attempt.state = FleetState(*state)
+            return attempt
+        except BaseException as exc:
+            if not answered:
+                self._failed(exc, sent, since)
+                if not isinstance(exc, Exception):
+                    attempt.abandon()
+            elif isinstance(exc, Exception) and self.db.classify(exc):
+                self.db.down(exc)
+            if isinstance(exc, Exception):
+                self.db.lost(exc)
+            await attempt.close()
+            raise
+
+    def _failed(self, exc: BaseException, sent: float, since: datetime) -> None:
+        """A call sent at ``sent`` (``since`` on the wall clock) got no answer: it failed for
+        the database (an outage from then on), or was cut off by its timeout."""
+        if not isinstance(exc, Exception):
+            self.db.unanswered(sent, since)
+        elif self.db.classify(exc):
+            self.db.down(exc, since)
+
+    def _ahead(self, at: datetime) -> ClockAhead:
+        anchor = self.db.anchor()
+        by = "" if anchor is None else f" by about {(at - anchor).total_seconds():.1f} s"
+        return ClockAhead(
+            f"this replica's clock runs ahead of the database's{by}: slot {at.isoformat()} "
+            f"would lie in the fleet's future, beyond the {FUTURE_LIMIT:g} s allowed; the "
+            "handler was not started. Synchronise the replica's clock (NTP)"
+        )
+
+    async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
+        """The fleet state of ``job_ids`` in one statement, and those whose lock is held,
+        without taking the locks. A tick past its deadline (its handler switched the
+        server-side timeouts off, and it is frozen or stuck) does not count as holding it: an
+        attempt now would end its session."""
+        if not self.db.ready:
+            await self.db.reconnect()
+        sent, since = time.monotonic(), self.db.clock.now()
+        try:
+            async with self.db.connection() as conn:
+                ids = list(job_ids)
+                keys = [lock_key(self.namespace, job_id, schema=self.schema) for job_id in ids]
+                legacy = [lock_key(self.namespace, job_id) for job_id in ids]
+                asked, when = time.monotonic(), self.db.clock.now()
+                rows = await conn.fetch(self.db.sql.read, self.namespace, ids, keys, legacy)
+        except BaseException as exc:
+            self._failed(exc, sent, since)
+            if isinstance(exc, Exception):
+                self.db.lost(exc)
+            raise
+        self.db.answered(asked, when)
+        states = {
+            row["job_id"]: FleetState(*tuple(row)[1:-1])
+            for row in rows
+            if row["consecutive_failures"] is not None  # the job has a row
+        }
+        return states, frozenset(row["job_id"] for row in rows if row["held"])
+
+    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
+        """Record a run that did not commit, in its own short transaction (with ``fence``:
+        a batched run's, whose hold between batches it ends if it is still its own)."""
+        with self.db.shielded() as scope:
+            await self._record(
+                result, next_due(job, result), overdue_at(job, result.finished_at), fence
+            )
+        if scope.cancelled_caught:
+            raise TimeoutError(f"the record did not finish within {database.CLEANUP_SECONDS:g} s")
+
+    async def _record(
+        self,
+        result: RunResult,
+        next_due: datetime | None,
+        overdue: datetime | None,
+        fence: int | None,
+    ) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(
+                self.db.sql.failure,
+                self.namespace,
+                result.job_id,
+                result.slot,
+                result.finished_at,
+                result.started_at,
+                result.outcome.value,
+                result.owner,
+                None if result.error is None else storable(result.error),
+                result.manual,
+                next_due,
+                self.db.anchor(),
+                fence,
+                result.batches,
+                overdue,
+            )

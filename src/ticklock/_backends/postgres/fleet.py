@@ -1,0 +1,413 @@
+"""The fleet of one namespace, read and steered through ticklock's tables.
+
+Any process can use it: a replica (through its scheduler's pool), ``ticklock`` commands (one
+connection) and the standalone dashboard. Pause, resume and trigger are single statements that
+also NOTIFY the namespace's replicas (:mod:`.control`); the replicas obey them under each job's
+lock, so an operation made here reaches the whole fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from ..._operators.fleet import (
+    BUILTIN,
+    Action,
+    JobDeclared,
+    JobRecord,
+    JobState,
+    Replica,
+    RunRecord,
+    SlotRecord,
+    said,
+    state_of,
+)
+from ..._operators.ledger import LIMIT
+from ..._runtime.sharing import LIVE, Member, owner_of
+from ..._schedule import spec as _spec
+from ..._schedule.caps import (
+    ERROR_LIMIT,
+    HEAD,
+    MARKER_KEY,
+    MARKER_MAX,
+    REPORT_LIMIT,
+    cut_text,
+    report_marker,
+)
+from ..._schedule.lock_key import lock_key
+from ..._schedule.validate import surrogate
+from ..seam import FUTURE_LIMIT
+from .control import CHANNEL, payload
+from .ledger import LedgerReader
+from .schema import quote
+
+if TYPE_CHECKING:
+    import asyncpg
+
+Acquire = Callable[[], AbstractAsyncContextManager["asyncpg.Connection[Any]"]]
+
+
+def from_pool(pool: asyncpg.Pool[Any]) -> Acquire:
+    """``acquire`` for :class:`PostgresFleet` from an asyncpg pool."""
+
+    @asynccontextmanager
+    async def acquire() -> AsyncIterator[asyncpg.Connection[Any]]:
+        async with pool.acquire() as proxy:
+            yield cast("asyncpg.Connection[Any]", proxy)
+
+    return acquire
+
+
+def from_connection(conn: asyncpg.Connection[Any]) -> Acquire:
+    """``acquire`` for :class:`PostgresFleet` that lends one connection (the CLI's)."""
+
+    @asynccontextmanager
+    async def acquire() -> AsyncIterator[asyncpg.Connection[Any]]:
+        yield conn
+
+    return acquire
+
+
+class PostgresFleet:
+    """:class:`Fleet` over the tables in ``schema``, for ``namespace``."""
+
+    def __init__(self, acquire: Acquire, *, schema: str, namespace: str) -> None:
+        self._acquire = acquire
+        self.namespace = namespace
+        self.schema = schema
+        self._payload = payload(schema, namespace)
+        s = quote(schema)
+        recent = f"seen_at > now() - make_interval(secs => {LIVE:g})"
+        live = (
+            "SELECT owner, started_at, jobs, disabled, fingerprints "
+            f"FROM {s}.replicas WHERE namespace = $1 AND {recent}"
+        )
+        # the declaration most live replicas share rules; between as many, the one whose
+        # replicas started first (as in ticklock._runtime.sharing)
+        self._jobs = f"""
+WITH live AS ({live}), declared AS (
+    SELECT job_id, bool_or(enabled) AS enabled FROM (
+        SELECT unnest(jobs) AS job_id, true AS enabled FROM live
+        UNION ALL SELECT unnest(disabled), false FROM live) AS d
+    GROUP BY job_id
+), prints AS (
+    SELECT owner, started_at, unnest(jobs) AS job_id, unnest(fingerprints) AS fp FROM live
+), ruling AS (
+    SELECT DISTINCT ON (job_id) job_id, fp FROM (
+        SELECT job_id, fp, count(*) AS n, min(started_at) AS first,
+            (array_agg(owner ORDER BY started_at, owner COLLATE "C"))[1] AS first_owner
+        FROM prints GROUP BY job_id, fp) AS g
+    ORDER BY job_id, n DESC, first, first_owner COLLATE "C", fp COLLATE "C"
+), otherwise AS (
+    SELECT p.job_id, array_agg(p.owner ORDER BY p.owner) AS owners
+    FROM prints AS p JOIN ruling AS r USING (job_id) WHERE p.fp <> r.fp GROUP BY p.job_id
+)
+SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
+    coalesce(j.consecutive_failures, 0) AS consecutive_failures,
+    left(j.last_error, {ERROR_LIMIT}) AS last_error, length(j.last_error) AS error_length,
+    j.last_owner,
+    j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue, j.spec::text,
+    coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
+        AS future,
+    EXISTS (SELECT FROM live) AS fleet, d.enabled,
+    o.owners AS otherwise,
+    (SELECT ARRAY[r.batches, r.capped::int] FROM {s}.runs AS r
+        WHERE r.namespace = $1 AND r.job_id = j.job_id
+        ORDER BY r.finished_at DESC LIMIT 1) AS last_run
+FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
+    LEFT JOIN otherwise AS o USING (job_id)
+ORDER BY job_id"""
+        # Reads at most $4 characters of a report and $5 of an error per run (rows recorded
+        # before the caps, or a display's shorter bound): a longer report comes as its marker,
+        # and a marker as it is.
+        self._history = (
+            "SELECT job_id, slot, started_at, finished_at, outcome, owner, "
+            "CASE WHEN length(r.t) <= $4 OR (length(r.t) <= "
+            f"{MARKER_MAX} AND jsonb_typeof(report) = 'object' AND report ? '{MARKER_KEY}') "
+            "THEN r.t END AS report, length(r.t) AS report_length, "
+            f"left(r.t, {HEAD}) AS report_head, left(error, $5) AS error, "
+            "length(error) AS error_length, manual, batches, capped "
+            f"FROM {s}.runs, LATERAL (SELECT report::text AS t) AS r "
+            "WHERE namespace = $1 AND job_id = $2 ORDER BY finished_at DESC, id DESC LIMIT $3"
+        )
+        self._namespaces = f"SELECT DISTINCT namespace FROM {s}.jobs ORDER BY namespace"
+        self._exists = f"SELECT EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2)"
+        self._replicas = (
+            "SELECT owner, started_at, seen_at, jobs || disabled AS jobs, failing "
+            f"FROM {s}.replicas "
+            f"WHERE namespace = $1 AND {recent} ORDER BY owner"
+        )
+        where = "WHERE namespace = $1 AND job_id = $2"
+        self._current = f"SELECT paused_at, trigger_at FROM {s}.jobs {where} FOR UPDATE"
+        self._pause = f"UPDATE {s}.jobs SET paused_at = coalesce(paused_at, now()) {where}"
+        # the time spent paused does not count toward overdue
+        self._resume = (
+            f"UPDATE {s}.jobs SET paused_at = NULL, overdue_at = CASE WHEN "
+            f"paused_at IS NULL THEN overdue_at ELSE overdue_at + (now() - paused_at) END {where}"
+        )
+        self._trigger = (
+            f"UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) {where} "
+            "RETURNING trigger_at"
+        )
+        self._audit = (
+            f"INSERT INTO {s}.audit (namespace, job_id, action, who, note, changed) "
+            "VALUES ($1, $2, $3, $4, $5, $6)"
+        )
+        self._actions = (
+            f"SELECT job_id, action, who, at, note, changed FROM {s}.audit "
+            "WHERE namespace = $1 AND ($2::text IS NULL OR job_id = $2) "
+            "ORDER BY at DESC, id DESC LIMIT $3"
+        )
+        self._last_actions = (
+            f"SELECT DISTINCT ON (job_id) job_id, action, who, at, note, changed FROM {s}.audit "
+            "WHERE namespace = $1 AND changed AND action <> 'forget' "
+            "ORDER BY job_id, at DESC, id DESC"
+        )
+        self._members = (
+            "SELECT owner, started_at, jobs, fingerprints, failing "
+            f"FROM {s}.replicas WHERE namespace = $1 AND {recent} AND seen_at > started_at"
+        )
+        self._ledger = LedgerReader(schema, namespace)
+        self._declared = (
+            f"WITH live AS ({live}) SELECT EXISTS (SELECT FROM live), "
+            "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs)), "
+            "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs || disabled))"
+        )
+        self._forget = (
+            f"WITH r AS (DELETE FROM {s}.runs WHERE namespace = $1 AND job_id = $2 RETURNING 1), "
+            f"j AS (DELETE FROM {s}.jobs WHERE namespace = $1 AND job_id = $2 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM j) + (SELECT count(*) FROM r)"
+        )
+
+    async def jobs(self) -> list[JobRecord]:
+        """Every job of the namespace that has a row or that a live replica declares."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._jobs, self.namespace, FUTURE_LIMIT)
+            actions = await conn.fetch(self._last_actions, self.namespace)
+            live = await conn.fetch(self._members, self.namespace)
+            now = await conn.fetchval("SELECT now()")
+        last = {row["job_id"]: Action(*row) for row in actions}
+        members = {
+            r["owner"]: Member(
+                dict(zip(r["jobs"], r["fingerprints"], strict=False)),
+                frozenset(r["failing"]),
+                r["started_at"],
+            )
+            for r in live
+        }
+        records = []
+        for row in rows:
+            job_id = row["job_id"]
+            spec = _spec.from_json(None if row["spec"] is None else json.loads(row["spec"]))
+            owner = owner_of(members, job_id)
+            next_due = row["next_due"]
+            if next_due is None and spec is not None and row["enabled"]:
+                start = members[owner].started_at if owner is not None else None
+                next_due = _spec.first_due(spec, now, start)
+            records.append(
+                JobRecord(
+                    job_id=job_id,
+                    state=_state(row, spec),
+                    last_success=row["last_success_at"],
+                    last_outcome=row["last_outcome"],
+                    next_due=next_due,
+                    consecutive_failures=row["consecutive_failures"],
+                    last_error=_error(row, "last_error", ERROR_LIMIT),
+                    last_owner=row["last_owner"],
+                    paused_at=row["paused_at"],
+                    trigger_at=row["trigger_at"],
+                    declared_otherwise=tuple(row["otherwise"] or ()),
+                    last_batches=(row["last_run"] or (0, 0))[0],
+                    last_capped=bool((row["last_run"] or (0, 0))[1]),
+                    schedule=None if spec is None else spec.schedule,
+                    timeout=None if spec is None else spec.timeout,
+                    retries=None if spec is None else spec.retries,
+                    owner=owner,
+                    builtin=job_id.startswith(BUILTIN),
+                    last_action=last.get(job_id),
+                )
+            )
+        return records
+
+    async def namespaces(self) -> list[str]:
+        """Every namespace with jobs in the schema (for a status that found none)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._namespaces)
+        return [row[0] for row in rows]
+
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first; with ``max_text``, no report or error
+        longer than that (see :meth:`Fleet.history <ticklock._operators.fleet.Fleet.history>`)."""
+        self._storable(job_id)
+        report_limit = REPORT_LIMIT if max_text is None else min(max_text, REPORT_LIMIT)
+        error_limit = ERROR_LIMIT if max_text is None else min(max_text, ERROR_LIMIT)
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                self._history, self.namespace, job_id, limit, report_limit, error_limit
+            )
+            if not rows and not await conn.fetchval(self._exists, self.namespace, job_id):
+                raise self._unknown(job_id)
+        return [
+            RunRecord(
+                job_id=row["job_id"],
+                slot=row["slot"],
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                outcome=row["outcome"],
+                owner=row["owner"],
+                report=_report(row),
+                error=_error(row, "error", error_limit),
+                manual=row["manual"],
+                batches=row["batches"],
+                capped=row["capped"],
+            )
+            for row in rows
+        ]
+
+    async def replicas(self) -> list[Replica]:
+        """The live replicas: those that reported in within the last minute."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._replicas, self.namespace)
+        return [
+            Replica(
+                row["owner"],
+                row["started_at"],
+                row["seen_at"],
+                tuple(row["jobs"]),
+                tuple(row["failing"]),
+            )
+            for row in rows
+        ]
+
+    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Pause the job fleet-wide (a pause already in force keeps its instant); whether
+        it was not paused. Audited."""
+        return await self._steer(self._pause, "pause", job_id, note, who)
+
+    async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+        """Resume the job fleet-wide; whether it was paused. Audited."""
+        return await self._steer(self._resume, "resume", job_id, note, who)
+
+    async def trigger(self, job_id: str, note: str | None = None, *, who: str) -> datetime:
+        """Ask the fleet for one run now; refused (``KeyError``) when live replicas run and
+        none declares the job enabled. A request not served yet keeps its instant. Audited."""
+        note, who = said(note, who)
+        self._storable(job_id)
+        async with self._acquire() as conn, conn.transaction():
+            fleet, enabled, _ = await self._declaration(conn, job_id)
+            if fleet and not enabled:
+                raise KeyError(
+                    f"no live replica runs job {job_id!r} (it is not declared, or declared "
+                    "with enabled=False), so none would serve the request"
+                )
+            before = await conn.fetchrow(self._current, self.namespace, job_id)
+            if before is None:
+                raise self._unknown(job_id)
+            at = await conn.fetchval(self._trigger, self.namespace, job_id)
+            changed = before["trigger_at"] is None
+            await conn.execute(self._audit, self.namespace, job_id, "trigger", who, note, changed)
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+        return cast(datetime, at)
+
+    async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
+        """Delete the job's state and history, under its lock. Audited (its operations stay
+        in the audit log)."""
+        note, who = said(note, who)
+        self._storable(job_id)
+        async with self._acquire() as conn, conn.transaction():
+            *_, declared = await self._declaration(conn, job_id)
+            if declared:
+                raise JobDeclared(
+                    f"a live replica declares job {job_id!r}: remove it from the code and "
+                    f"deploy first (a replica that stopped drops out after {LIVE:g} s)"
+                )
+            # the job's locks as a tick takes them (see .sql.locks): no run of it is in flight
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1), pg_advisory_xact_lock_shared($2)",
+                lock_key(self.namespace, job_id, schema=self.schema),
+                lock_key(self.namespace, job_id),
+            )
+            if not await conn.fetchval(self._forget, self.namespace, job_id):
+                raise self._unknown(job_id)
+            await conn.execute(self._audit, self.namespace, job_id, "forget", who, note, True)
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
+        if job_id is not None and surrogate(job_id) is not None:
+            return []  # no job has such an id (PostgreSQL cannot store it)
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._actions, self.namespace, job_id, limit)
+        return [Action(*row) for row in rows]
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT
+    ) -> list[SlotRecord]:
+        """The job's ledger (see :mod:`ticklock._operators.ledger`), from the records the retention
+        keeps."""
+        self._storable(job_id)
+        async with self._acquire() as conn:
+            return await self._ledger.slots(conn, job_id, since, until, limit)
+
+    async def _declaration(self, conn: asyncpg.Connection[Any], job_id: str) -> tuple[bool, ...]:
+        """Whether replicas are live; whether one declares the job enabled; or at all."""
+        row = await conn.fetchrow(self._declared, self.namespace, job_id)
+        assert row is not None
+        return tuple(row)
+
+    async def _steer(
+        self, statement: str, action: str, job_id: str, note: str | None, who: str
+    ) -> bool:
+        """Pause or resume, audited, and tell the replicas; whether it changed anything."""
+        note, who = said(note, who)
+        self._storable(job_id)
+        async with self._acquire() as conn, conn.transaction():
+            before = await conn.fetchrow(self._current, self.namespace, job_id)
+            if before is None:
+                raise self._unknown(job_id)
+            changed = (before["paused_at"] is None) == (action == "pause")
+            await conn.execute(statement, self.namespace, job_id)
+            await conn.execute(self._audit, self.namespace, job_id, action, who, note, changed)
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+        return changed
+
+    def _unknown(self, job_id: str) -> KeyError:
+        return KeyError(f"no job {job_id!r} in namespace {self.namespace!r}")
+
+    def _storable(self, job_id: str) -> None:
+        """An id with an unpaired surrogate names no job (declaring one is refused, and
+        PostgreSQL cannot store it): unknown, as in memory, rather than a driver's error."""
+        if surrogate(job_id) is not None:
+            raise self._unknown(job_id)
+
+
+def _report(row: asyncpg.Record) -> Any:
+    """A run's report as read: the stored value, or the marker of one over the read bound."""
+    if row["report"] is not None:
+        return json.loads(row["report"])
+    if row["report_length"] is None:
+        return None  # the run has no report
+    return report_marker(row["report_head"], row["report_length"])
+
+
+def _error(row: asyncpg.Record, column: str, limit: int) -> str | None:
+    """An error text as read (its first ``limit`` characters and its length), cut if longer."""
+    error: str | None = row[column]
+    return None if error is None else cut_text(error, row["error_length"], limit)
+
+
+def _state(row: asyncpg.Record, spec: _spec.Spec | None) -> JobState:
+    threshold = spec.failure_threshold if spec is not None else 1
+    return state_of(
+        undeclared=row["fleet"] and row["enabled"] is None,  # live replicas run, none declares it
+        disabled=row["fleet"] and row["enabled"] is False,
+        paused=row["paused_at"] is not None,
+        future=row["future"],
+        overdue=row["overdue"],
+        failing=row["consecutive_failures"] >= threshold,
+    )

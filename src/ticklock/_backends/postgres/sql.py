@@ -1,0 +1,484 @@
+"""The statements of a tick, of a batch and of the scheduler's start, for ticklock's tables
+(:mod:`.schema` creates them)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..seam import FUTURE_LIMIT
+from .schema import SEAL_SETTING, literal, quote
+
+if TYPE_CHECKING:
+    pass
+
+
+class Statements:
+    """The statements of a tick and of the scheduler's start, for the tables in ``schema``.
+
+    ``commit`` writes the watermark, the success and the run record in one statement, and only
+    if the transaction is still the one that took the lock (``now()`` is its start, read under
+    the lock), the server-side timeouts the tick set still hold, and the slot and end are not
+    more than ``FUTURE_LIMIT`` seconds in the database's future (``$14``: the anchor of
+    :mod:`.dbtime`); it says which check failed, and (``$13``: the handler used its
+    connection) whether SQL prepared statements are left; it deletes the transaction's seal
+    (``$19``). ``failure``'s ``$11`` is the anchor, and ``$14`` the absence alarm's instant,
+    from the run's end as for a success.
+    """
+
+    def __init__(self, schema: str) -> None:
+        s = quote(schema)
+        # the state under the lock, and the seal of the tick's transaction ($3, see .tick)
+        self.state = (
+            f"WITH seal AS (INSERT INTO {s}.seals (seal) VALUES ($3::bytea)) "
+            "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
+            "coalesce(j.consecutive_failures, 0), j.failed_slot, "
+            "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner, "
+            "j.busy_until, j.batch_cursor::text "
+            f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
+            "ON j.namespace = $1 AND j.job_id = $2"
+        )
+        # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
+        tables = ", ".join(
+            f"'{s}.{t}'"
+            for t in ("jobs", "runs", "replicas", "presence", "outages", "audit", "seals")
+        )
+        self.ungranted = f"""
+SELECT array_agg(what ORDER BY what) FROM (
+    SELECT format('table %s (%s)', replace(t, '"', ''), p) AS what
+    FROM unnest(ARRAY[{tables}]) AS t, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p
+    WHERE NOT has_table_privilege(t, p)
+    UNION ALL
+    SELECT format('table %s (SELECT)', replace('{s}.schema_version', '"', ''))
+    WHERE NOT has_table_privilege('{s}.schema_version', 'SELECT')
+    UNION ALL
+    SELECT format('sequence %s (USAGE)', q)
+    FROM unnest(ARRAY[pg_get_serial_sequence('{s}.runs', 'id'),
+        pg_get_serial_sequence('{s}.outages', 'id'),
+        pg_get_serial_sequence('{s}.audit', 'id')]) AS q
+    WHERE NOT has_sequence_privilege(q, 'USAGE')
+) AS missing"""
+        self.register = (
+            f"INSERT INTO {s}.jobs (namespace, job_id, overdue_at) "
+            "SELECT $1, id, due FROM unnest($2::text[], $3::timestamptz[]) AS t(id, due) "
+            "ON CONFLICT (namespace, job_id) DO NOTHING"
+        )
+        # each job's spec, for operators and the ledger; a row a tick holds now is left as
+        # it is (waiting for it would hold up the start), and written at the next start
+        self.describe = f"""
+WITH v AS (SELECT * FROM unnest($2::text[], $3::text[]) AS v(id, spec)),
+free AS (
+    SELECT j.job_id FROM {s}.jobs AS j JOIN v ON j.job_id = v.id
+    WHERE j.namespace = $1 AND j.spec IS DISTINCT FROM v.spec::jsonb
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {s}.jobs AS j SET spec = v.spec::jsonb FROM v JOIN free ON free.job_id = v.id
+WHERE j.namespace = $1 AND j.job_id = v.id"""
+        # what kept a replica from its slots (see .database.Incident), recorded by its beat
+        self.outage = (
+            f"INSERT INTO {s}.outages (namespace, owner, since, until, kind, detail) "
+            "SELECT $1, $2, * FROM unnest($3::timestamptz[], $4::timestamptz[], $5::text[], "
+            "$6::text[])"
+        )
+        self.reschedule = (
+            f"UPDATE {s}.jobs AS j SET overdue_at = v.due "
+            "FROM unnest($2::text[], $3::timestamptz[], $4::timestamptz[]) "
+            "AS v(id, ended, due) "
+            "WHERE j.namespace = $1 AND j.job_id = v.id AND j.last_end = v.ended "
+            "AND j.overdue_at IS DISTINCT FROM v.due"
+        )
+        columns = (
+            "last_slot, last_end, last_success_at, consecutive_failures, failed_slot, "
+            "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text"
+        )
+        self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
+        # the jobs' states, and whether a run holds each one's lock ($3: the lock keys; $4:
+        # the keys without a schema, held exclusively by an earlier release's tick or by
+        # hand, never by this release's ticks of any schema); a tick past its deadline (see
+        # locks()) does not count: an attempt would end it
+        self.read = f"""
+WITH advisory AS MATERIALIZED (
+    SELECT pid, classid::int8 AS high, objid::int8 AS low, objsubid,
+        mode = 'ExclusiveLock' AS exclusive FROM pg_locks
+    WHERE locktype = 'advisory' AND granted
+        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), deadline AS (
+    SELECT pid, min(low) AS until FROM advisory
+    WHERE objsubid = 2 AND high = {DEADLINE_TAG} GROUP BY pid
+), held AS MATERIALIZED (
+    SELECT a.high, a.low FROM advisory AS a LEFT JOIN deadline AS d ON d.pid = a.pid
+    WHERE a.objsubid = 1
+        AND (d.until IS NULL OR d.until >= extract(epoch FROM clock_timestamp()))
+)
+SELECT v.id AS job_id, {", ".join("j." + c for c in columns.split(", "))},
+    (EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
+        AND low = v.key & 4294967295)
+    OR EXISTS (SELECT FROM advisory WHERE objsubid = 1 AND exclusive
+        AND high = (v.legacy >> 32) & 4294967295 AND low = v.legacy & 4294967295)) AS held
+FROM unnest($2::text[], $3::int8[], $4::int8[]) AS v(id, key, legacy)
+LEFT JOIN {s}.jobs AS j ON j.namespace = $1 AND j.job_id = v.id"""
+        # a manual run serves the trigger requests made up to its slot
+        served = "CASE WHEN {m} AND j.trigger_at <= $3 THEN NULL ELSE j.trigger_at END"
+        # A run that committed batches ($15: its fence) ends only if it still holds the job
+        # ($17 > 0: it has batches, and its last one's cursor, $16, commits with it). Every
+        # commit moves the fence and ends any hold between batches: a holder paused between
+        # its batches can commit none after this.
+        fenced = (
+            f"$15::bigint IS NULL OR EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 "
+            "AND job_id = $2 AND fence = $15 AND busy_until > clock_timestamp())"
+        )
+        self.commit = f"""
+WITH guard AS (
+    SELECT now() = $9::timestamptz AS same_tx, {_bounded("$10")} AS bounded,
+        extract(epoch FROM greatest($3::timestamptz, $4::timestamptz)
+            - greatest(clock_timestamp(), $14::timestamptz)) AS ahead,
+        {fenced} AS fenced
+), j AS (
+    INSERT INTO {s}.jobs AS j (namespace, job_id, last_slot, last_end, last_success_at,
+        last_outcome, consecutive_failures, overdue_at, next_due, last_owner, updated_at,
+        batch_cursor)
+    SELECT $1, $2, $3, $4, $4, 'success', 0, $8, $12, $6, now(),
+        CASE WHEN $17::int > 0 THEN $16::text::jsonb END FROM guard
+    WHERE same_tx AND bounded AND ahead <= {FUTURE_LIMIT} AND fenced
+    ON CONFLICT (namespace, job_id) DO UPDATE SET
+        last_slot = EXCLUDED.last_slot,
+        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
+        last_success_at = EXCLUDED.last_success_at,
+        last_outcome = 'success', consecutive_failures = 0,
+        failed_slot = NULL, failed_attempts = 0,
+        overdue_at = EXCLUDED.overdue_at, next_due = EXCLUDED.next_due,
+        last_owner = EXCLUDED.last_owner, updated_at = now(),
+        trigger_at = {served.format(m="$11")},
+        batch_cursor = CASE WHEN $17 > 0 THEN EXCLUDED.batch_cursor ELSE j.batch_cursor END,
+        fence = j.fence + 1, busy_until = NULL
+    WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot
+    RETURNING 1
+), r AS (
+    INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
+        report, manual, batches, capped)
+    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11, $17, $18 FROM j
+), sealed AS (
+    DELETE FROM {s}.seals WHERE seal = $19::bytea
+)
+SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
+    $13::boolean AND {PREPARED}, fenced FROM guard"""
+        # A batch of a batched run commits its cursor under the job's lock and fence. The
+        # first one ($5 IS NULL) takes the job: it moves the fence and holds the job until
+        # the run's start on the database's clock plus its budget and a grace ($6 ms, see
+        # .tick); a later one only if the fence is still its own ($5) and its hold has not
+        # ended. $3: the cursor's JSON text; $4: the transaction's start; $7: the limits the
+        # batch set; $8: the handler used the connection; $9: the batch's seal.
+        batch_guard = f"SELECT now() = $4::timestamptz AS same_tx, {_bounded('$7')} AS bounded"
+        self.batch = f"""
+WITH guard AS ({batch_guard}), first AS (
+    INSERT INTO {s}.jobs AS j (namespace, job_id, batch_cursor, fence, busy_until)
+    SELECT $1, $2, $3::text::jsonb, 1, now() + $6::int * interval '1 ms' FROM guard
+    WHERE same_tx AND bounded AND $5::bigint IS NULL
+    ON CONFLICT (namespace, job_id) DO UPDATE SET batch_cursor = EXCLUDED.batch_cursor,
+        fence = j.fence + 1, busy_until = EXCLUDED.busy_until
+    RETURNING j.fence
+), later AS (
+    UPDATE {s}.jobs SET batch_cursor = $3::text::jsonb
+    WHERE namespace = $1 AND job_id = $2 AND fence = $5::bigint
+        AND busy_until > clock_timestamp() AND (SELECT same_tx AND bounded FROM guard)
+    RETURNING fence
+), sealed AS (
+    DELETE FROM {s}.seals WHERE seal = $9::bytea
+)
+SELECT coalesce((SELECT fence FROM first), (SELECT fence FROM later)), same_tx, bounded,
+    $8::boolean AND {PREPARED} FROM guard"""
+        # the start of a batch's transaction, and whether the run still holds the job ($3);
+        # the seal of the batch's transaction ($4)
+        self.batch_hold = (
+            f"WITH seal AS (INSERT INTO {s}.seals (seal) VALUES ($4::bytea)) "
+            "SELECT now(), EXISTS (SELECT FROM "
+            f"{s}.jobs WHERE namespace = $1 AND job_id = $2 AND fence = $3 "
+            "AND busy_until > clock_timestamp())"
+        )
+        # One statement per heartbeat: the replica's row (its job lists only when they
+        # changed: NULL keeps them), the namespace's paused and triggered jobs, and the other
+        # live replicas with when their job lists last changed.
+        self.beat = f"""
+WITH beat AS (
+    INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled, fingerprints, failing)
+    VALUES ($1, $2, coalesce($3::text[], '{{}}'), coalesce($4::text[], '{{}}'),
+        coalesce($6::text[], '{{}}'), coalesce($7::text[], '{{}}'))
+    ON CONFLICT (namespace, owner) DO UPDATE SET seen_at = now(),
+        jobs = coalesce($3::text[], r.jobs), disabled = coalesce($4::text[], r.disabled),
+        fingerprints = coalesce($6::text[], r.fingerprints),
+        failing = coalesce($7::text[], r.failing),
+        declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END,
+        started_at = CASE WHEN $9::boolean THEN now() ELSE r.started_at END
+    RETURNING xmax = 0 AS inserted, started_at, declared_at, jobs, disabled
+), present AS (
+    INSERT INTO {s}.presence AS p (namespace, owner, started_at, since, until, jobs, disabled)
+    SELECT $1, $2, started_at, declared_at, now(), jobs, disabled FROM beat
+    ON CONFLICT (namespace, owner, started_at, since) DO UPDATE SET until = now()
+), pruned AS (
+    DELETE FROM {s}.replicas WHERE namespace = $1 AND owner <> $2
+        AND seen_at < now() - $8::float8 * interval '1 s'
+), steered AS (
+    SELECT job_id, paused_at, trigger_at FROM {s}.jobs
+    WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_at IS NOT NULL)
+), live AS (
+    SELECT owner, declared_at, seen_at FROM {s}.replicas
+    WHERE namespace = $1 AND owner <> $2 AND seen_at > now() - $5::float8 * interval '1 s'
+        AND seen_at > started_at
+)
+SELECT beat.inserted, beat.started_at, s.ids, s.paused, s.triggered, l.owners, l.declared,
+    l.seen, to_regclass({literal(s + ".runs")}) IS NOT NULL
+        AND to_regclass({literal(s + ".schema_version")}) IS NOT NULL AS whole
+FROM beat,
+    (SELECT array_agg(job_id ORDER BY job_id) AS ids,
+        array_agg(paused_at ORDER BY job_id) AS paused,
+        array_agg(trigger_at ORDER BY job_id) AS triggered FROM steered) AS s,
+    (SELECT array_agg(owner ORDER BY owner) AS owners,
+        array_agg(declared_at ORDER BY owner) AS declared,
+        array_agg(seen_at ORDER BY owner) AS seen FROM live) AS l"""
+        self.declared = (
+            f"SELECT owner, jobs, fingerprints, failing, started_at, declared_at "
+            f"FROM {s}.replicas WHERE namespace = $1 AND owner = ANY($2::text[])"
+        )
+        # a replica that leaves tells the others at once: they take over its jobs
+        self.leave = (
+            f"WITH gone AS (DELETE FROM {s}.replicas WHERE namespace = $1 AND owner = $2 "
+            "RETURNING started_at, declared_at), "
+            f"ended AS (UPDATE {s}.presence AS p SET until = now(), left_at = now() FROM gone "
+            "WHERE p.namespace = $1 AND p.owner = $2 AND p.started_at = gone.started_at "
+            "AND p.since = gone.declared_at) "
+            "SELECT pg_notify($3, $4) FROM gone"
+        )
+        # A failure from a replica whose clock runs ahead is recorded, but it moves neither
+        # the fixed delay nor the slot to retry: the healthy replicas go on running the job.
+        sane = (
+            "$4::timestamptz <= greatest(clock_timestamp(), $11::timestamptz) "
+            f"+ interval '{FUTURE_LIMIT:g} s'"
+        )
+        self.failure = f"""
+WITH j AS (
+    INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
+        consecutive_failures, failed_slot, failed_attempts, next_due, last_owner, last_error,
+        updated_at, overdue_at)
+    SELECT $1, $2, $4, $6, 1, CASE WHEN $9::boolean THEN NULL ELSE $3::timestamptz END,
+        CASE WHEN $9 THEN 0 ELSE 1 END, $10, $7, $8, now(), $14::timestamptz WHERE {sane}
+    ON CONFLICT (namespace, job_id) DO UPDATE SET
+        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
+        overdue_at = CASE WHEN j.last_end > EXCLUDED.last_end THEN j.overdue_at
+            ELSE EXCLUDED.overdue_at END,
+        last_outcome = EXCLUDED.last_outcome,
+        consecutive_failures = j.consecutive_failures + 1,
+        failed_attempts = CASE WHEN $9 THEN j.failed_attempts
+            WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
+        failed_slot = CASE WHEN $9 THEN j.failed_slot ELSE $3 END,
+        next_due = EXCLUDED.next_due, last_owner = EXCLUDED.last_owner,
+        last_error = EXCLUDED.last_error, trigger_at = {served.format(m="$9")},
+        updated_at = now(),
+        busy_until = CASE WHEN j.fence = $12::bigint THEN NULL ELSE j.busy_until END
+    WHERE j.last_slot IS NULL OR j.last_slot < $3
+)
+INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error,
+    manual, batches)
+VALUES ($1, $2, $3, $5, $4, $6, $7, $8, $9, $13)"""
+
+
+RESET = (
+    "SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL; "
+    "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES; "
+)
+"""Undoes the session state a handler can leave (RESET ALL keeps the role: reset apart)."""
+PREPARED = "EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql)"
+"""Whether the session holds SQL prepared statements (``PREPARE``), which no reset can drop
+without dropping asyncpg's own."""
+LEFTOVERS = f"; SELECT 1 WHERE {PREPARED}"
+"""After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
+
+
+def sealed_commit(token: str) -> str:
+    """ticklock's own COMMIT of a tick's (or batch's) transaction: the one that sets the
+    token whose SHA-256 is the transaction's seal (see :mod:`.schema`), so the seal's trigger
+    lets it commit. ``token`` is ticklock's own hex text: safe to inline."""
+    if not token.isalnum():
+        raise ValueError(f"a hex token is needed, got {token!r}")
+    return f"SET LOCAL {SEAL_SETTING} = '{token}'; COMMIT"
+
+
+class Begun(enum.IntEnum):
+    """What a tick's first query found, as the row count of its status tag (``SELECT n``)."""
+
+    HELD = 0
+    """Another session holds the job's lock."""
+    ACQUIRED = 1
+    """The lock is this tick's."""
+    AHEAD = 2
+    """The slot lies in the database's future: refused, the lock not tried."""
+
+
+class Holder(enum.IntEnum):
+    """What :func:`end_stale_holder` did, as the row count of its status tag."""
+
+    LIVE = 0
+    """No ticklock holder past its deadline (or none at all any more)."""
+    ENDED = 1
+    """The holder was past its deadline: its session was ended."""
+    REFUSED = 2
+    """The holder is past its deadline, and this role may not end its session: it is not a
+    member of the holder's role, nor of ``pg_signal_backend``."""
+    SUPERUSER = 3
+    """The holder is past its deadline and runs as a superuser, which only a superuser may
+    end."""
+
+
+DEADLINE_TAG = 1528065506
+"""The first key of the lock that dates a tick's transaction: ``pg_advisory_xact_lock_shared(
+DEADLINE_TAG, deadline)``, ``deadline`` the instant (unix seconds, as an unsigned 32-bit
+value) after which the holder is past its server-side bound and another replica may end its
+session. ``pg_locks`` shows it to every role, and a handler cannot release it (a
+transaction-level lock lasts as long as its transaction)."""
+
+
+def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) -> str:
+    """The SQL expression that takes a tick's locks: ``key`` (the job's key in this
+    installation, :func:`ticklock.lock_key` with its schema) exclusively, ``legacy`` (the key
+    without a schema, which earlier releases take exclusively) in shared mode, and the
+    deadline lock (:data:`DEADLINE_TAG`): the transaction's start plus ``limit_ms`` (its
+    server-side bound) and ``grace_ms``, in whole seconds (rounded down, so never more than
+    ``grace_ms`` past the bound). ``wait``: wait for the locks (``pg_advisory_xact_lock``,
+    bounded by the transaction's ``lock_timeout``) and return them, else try them and return
+    whether the job's were taken (the deadline lock is taken only then). The keys are ints:
+    safe to inline."""
+    deadline = f"floor(extract(epoch FROM now()) + {(limit_ms + grace_ms) / 1000!r})::int8"
+    dated = f"(({deadline} + 2147483648) % 4294967296 - 2147483648)::int4"
+    if wait:
+        return (
+            f"pg_advisory_xact_lock({key}), pg_advisory_xact_lock_shared({legacy}), "
+            f"pg_advisory_xact_lock_shared({DEADLINE_TAG}, {dated})"
+        )
+    return (
+        f"pg_try_advisory_xact_lock({key}) AND pg_try_advisory_xact_lock_shared({legacy}) "
+        f"AND pg_try_advisory_xact_lock_shared({DEADLINE_TAG}, {dated}) IS NOT NULL"
+    )
+
+
+def _bounded(limit: str) -> str:
+    """Whether the server-side timeouts a tick or batch set (``limit``: the parameter of its
+    ms) still hold: ``transaction_timeout`` where the server has it, else the other two."""
+    within = f"::interval BETWEEN interval '1 ms' AND {limit}::int * interval '1 ms'"
+    return (
+        "CASE WHEN current_setting('transaction_timeout', true) IS NULL "
+        f"THEN current_setting('statement_timeout'){within} "
+        f"AND current_setting('idle_in_transaction_session_timeout'){within} "
+        f"ELSE current_setting('transaction_timeout'){within} END"
+    )
+
+
+def begin_batch(
+    key: int, legacy: int, limit_ms: int, grace_ms: int, *, transaction_timeout: bool
+) -> str:
+    """A later batch's first query: BEGIN, the server-side timeouts from what is left of the
+    run's budget, and the job's locks (see :func:`locks`), waited for up to
+    :data:`BATCH_LOCK_WAIT_MS` (a rival's attempt holds them a moment to read the job's state,
+    and finds the job held between batches)."""
+    if transaction_timeout:
+        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
+    else:
+        limits = (
+            f"SET LOCAL statement_timeout = {limit_ms}; "
+            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
+        )
+    wait = min(limit_ms, BATCH_LOCK_WAIT_MS)
+    taken = locks(key, legacy, limit_ms, grace_ms, wait=True)
+    return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT {taken}"
+
+
+BATCH_LOCK_WAIT_MS = 5000
+"""How long a later batch waits for the job's lock before its run gives up."""
+
+
+def timestamp(value: datetime) -> str:
+    """``value`` (aware) as a ``timestamptz`` literal: ticklock's own value, safe to inline."""
+    if value.utcoffset() is None:
+        raise ValueError(f"an aware datetime is needed, got {value!r}")
+    return f"'{value.isoformat()}'::timestamptz"
+
+
+def begin(
+    key: int,
+    legacy: int,
+    limit_ms: int,
+    grace_ms: int,
+    *,
+    transaction_timeout: bool,
+    at: datetime,
+    anchor: datetime | None,
+) -> str:
+    """A tick's first query: BEGIN, the server-side timeouts (``transaction_timeout`` on
+    PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), the
+    future check and the locks (see :func:`locks`). Its status tag is a :class:`Begun` (a held
+    lock raises no error, so the server logs nothing).
+
+    ``at`` (the slot, or the tick's start if later) more than ``FUTURE_LIMIT`` seconds beyond
+    ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`) is refused before the lock is
+    tried, and so before the handler could start. ``key`` is an int and the timestamps are
+    ticklock's own (:func:`timestamp`): safe to inline.
+    """
+    if transaction_timeout:
+        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
+    else:
+        limits = (
+            f"SET LOCAL statement_timeout = {limit_ms}; "
+            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
+        )
+    reference = "clock_timestamp()" if anchor is None else f"{timestamp(anchor)}, clock_timestamp()"
+    taken = locks(key, legacy, limit_ms, grace_ms, wait=False)
+    # OFFSET 0: the check is evaluated once, and before the lock is tried
+    return (
+        f"BEGIN; {limits}SELECT 1 FROM (SELECT {timestamp(at)} > greatest({reference}) + "
+        f"interval '{FUTURE_LIMIT:g} s' AS ahead OFFSET 0) AS c, generate_series(1, CASE "
+        f"WHEN c.ahead THEN {Begun.AHEAD:d} WHEN {taken} "
+        f"THEN {Begun.ACQUIRED:d} ELSE {Begun.HELD:d} END)"
+    )
+
+
+def end_stale_holder(key: int, wait_ms: int | None) -> str:
+    """End the session of the holder of lock ``key`` (the job's key in this installation) if
+    it is a tick of ticklock's past its deadline, waiting up to ``wait_ms`` for it to go
+    (``None``: PostgreSQL before 14, no wait). Its status tag is a :class:`Holder`.
+
+    Everything the judge reads is visible to every role: the holder is found through
+    ``pg_locks`` (an advisory lock on an int8 key has the key's high and low 32 bits as
+    ``classid`` and ``objid``, and ``objsubid`` 1), its deadline is the second key of the
+    deadline lock it holds (:data:`DEADLINE_TAG`, ``objsubid`` 2; the earliest, should there be
+    more), and its role is ``pg_stat_activity.usesysid`` (``xact_start`` and ``state`` are
+    hidden from other roles without ``pg_read_all_stats``; the session's user is not). A
+    session that holds the key without a deadline lock is not a ticklock tick: never ended.
+    Only a session this role may end is ended, by the server's own rule (a role with the
+    privileges of the holder's role or of ``pg_signal_backend``; a superuser for a superuser's
+    session), so the statement never fails on privileges.
+    """
+    hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
+    end = f"pg_terminate_backend(s.pid, {wait_ms})" if wait_ms else "pg_terminate_backend(s.pid)"
+    here = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+    superuser = "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    signal = "(pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))"
+    # OFFSET 0: each holder is judged, then ended, once
+    return f"""SELECT 1 FROM generate_series(1, (
+    SELECT CASE WHEN bool_or(h.ended) THEN {Holder.ENDED:d}
+        WHEN bool_or(h.superuser) THEN {Holder.SUPERUSER:d}
+        WHEN count(*) > 0 AND NOT bool_or(h.may) THEN {Holder.REFUSED:d}
+        ELSE {Holder.LIVE:d} END
+    FROM (SELECT s.may, s.superuser, CASE WHEN s.may THEN {end} ELSE false END AS ended
+        FROM (SELECT k.pid, r.rolsuper AND NOT {superuser} AS superuser,
+                {signal} AND (NOT r.rolsuper OR {superuser}) AS may
+            FROM pg_locks AS k JOIN pg_stat_activity AS a ON a.pid = k.pid
+            JOIN pg_roles AS r ON r.oid = a.usesysid
+            WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+                AND k.classid = {hi} AND k.objid = {lo} AND k.pid <> pg_backend_pid()
+                AND k.database = {here}
+                AND extract(epoch FROM clock_timestamp()) > (
+                    SELECT min(m.objid::int8) FROM pg_locks AS m
+                    WHERE m.pid = k.pid AND m.locktype = 'advisory' AND m.granted
+                        AND m.objsubid = 2 AND m.classid = {DEADLINE_TAG}
+                        AND m.database = {here})
+            OFFSET 0) AS s
+        OFFSET 0) AS h))"""

@@ -1,0 +1,245 @@
+"""The coordination seam: how a tick takes its job's lock, reads and commits fleet state.
+
+A :class:`Backend` is where the fleet's state lives; it gives each replica a
+:class:`Coordinator`. ``MemoryDatabase`` keeps it in this process (local mode,
+and the shared in-memory database of ``ticklock.testing``);
+``ticklock._backends.postgres.coordinator.PostgresBackend`` keeps it in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
+
+from .._operators.fleet import Fleet
+from .._runtime.clock import Clock
+from .._runtime.sharing import Member
+from .._schedule.job import Job, JobHealth, Outcome, RunResult
+
+if TYPE_CHECKING:
+    import asyncpg
+
+FUTURE_LIMIT = 2.0
+"""Seconds a committed slot or end may lie ahead of the database's clock: a replica whose
+clock runs further ahead cannot commit (its slots would stop the fleet until then)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetState:
+    """What the fleet knows of one job (frozen: a new state comes from an old one and a run)."""
+
+    last_slot: datetime | None = None
+    """The watermark: the slot of the last successful run."""
+    last_end: datetime | None = None
+    """When the last run that executed (any outcome) ended: fixed delay counts from here."""
+    last_success_at: datetime | None = None
+    consecutive_failures: int = 0
+    failed_slot: datetime | None = None
+    """The slot of the last run that executed and did not commit (``None`` once one commits)."""
+    failed_attempts: int = 0
+    """How many attempts of ``failed_slot`` did not commit: retries go by it."""
+    paused_at: datetime | None = None
+    """When an operator paused the job (``None``: not paused)."""
+    trigger_at: datetime | None = None
+    """The instant of a trigger request no run has served yet."""
+    last_owner: str | None = None
+    """The replica whose run executed last (the one that failed ``failed_slot``, if set)."""
+    busy_until: datetime | None = None
+    """Until when a batched run that committed a batch holds the job between its batches (the
+    database's clock; ``None``: no batched run in progress). See :mod:`._batch`."""
+    cursor: str | None = None
+    """The JSON text of the cursor committed with the job's last committed batch."""
+
+    def committed(self, result: RunResult) -> FleetState:
+        """This state with a successful run folded in."""
+        # built directly (every other field at its default), not with dataclasses.replace:
+        # this runs once or twice a run
+        return FleetState(
+            last_slot=result.slot,
+            last_end=result.finished_at,
+            last_success_at=result.finished_at,
+            paused_at=self.paused_at,
+            trigger_at=self._served(result),
+            last_owner=result.owner,
+            cursor=self.cursor,
+        )
+
+    def failed(self, result: RunResult) -> FleetState:
+        """This state with a run that executed and did not commit folded in."""
+        last_end = self.last_end
+        if last_end is None or result.finished_at > last_end:
+            last_end = result.finished_at
+        state = replace(self, last_end=last_end, trigger_at=self._served(result))
+        if result.slot is not None and self.last_slot is not None and self.last_slot >= result.slot:
+            return state  # a later slot committed meanwhile: this failure changes nothing else
+        if result.manual:  # a manual run is not retried
+            return replace(
+                state, consecutive_failures=self.consecutive_failures + 1, last_owner=result.owner
+            )
+        same = self.failed_slot == result.slot
+        return replace(
+            state,
+            consecutive_failures=self.consecutive_failures + 1,
+            failed_slot=result.slot,
+            failed_attempts=self.failed_attempts + 1 if same else 1,
+            last_owner=result.owner,
+        )
+
+    def _served(self, result: RunResult) -> datetime | None:
+        """The trigger request left once ``result`` ran: a manual run that executed serves the
+        requests made up to its slot."""
+        pending = self.trigger_at
+        if result.manual and pending is not None and result.slot and pending <= result.slot:
+            return None
+        return pending
+
+
+NO_STATE = FleetState()
+"""Read-only: the state of a job the fleet has none for."""
+
+
+class Control(NamedTuple):
+    """What operators asked of one job: paused since, and a trigger request not served yet."""
+
+    paused_at: datetime | None
+    trigger_at: datetime | None
+
+
+class Declared(NamedTuple):
+    """What a replica publishes of its jobs: the ids of those it declares, enabled and
+    disabled, the fingerprint of each enabled one's declaration, and those it gave up."""
+
+    enabled: tuple[str, ...]
+    disabled: tuple[str, ...]
+    fingerprints: tuple[str, ...] = ()
+    """One per enabled job, in the same order."""
+    failing: tuple[str, ...] = ()
+
+
+OnView = Callable[[Mapping[str, Member], Mapping[str, datetime]], Awaitable[None]]
+"""Takes a view of the live replicas and their last heartbeats (it may yield to the loop)."""
+
+
+class Attempt(Protocol):
+    """One tick's hold on its job: the lock (or not), the fleet state, the connection."""
+
+    acquired: bool
+    state: FleetState
+    conn: asyncpg.Connection[Any] | None
+    fence: int | None
+    """The job's fence once this run committed a batch (``None`` before): see :mod:`._batch`."""
+
+    async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
+        """Write the watermark, the success and the run record (and, for a run with batches,
+        the ``cursor`` of its last batch), and commit."""
+        ...
+
+    async def commit_batch(self, cursor: str | None) -> None:
+        """Commit the batch in flight with ``cursor``, under the job's exclusion."""
+        ...
+
+    async def begin_batch(self, budget: float) -> None:
+        """Begin the next batch, ``budget`` seconds left to the run, under the job's
+        exclusion (raises :class:`~ticklock._errors.TakenOver` when it was lost)."""
+        ...
+
+    async def close(self) -> None:
+        """Roll back what was not committed and release the connection."""
+        ...
+
+
+class Coordinator(Protocol):
+    """Where the fleet's state lives and how a tick excludes the others."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
+        ...
+
+    @property
+    def problem(self) -> str | None:
+        """Why coordination does not work now (its error and the fix), ``None`` when it does."""
+        ...
+
+    async def open(self) -> None:
+        """Connect and prepare (PostgreSQL: create the pool, migrate); a database that does
+        not answer leaves :attr:`ready` false instead of raising."""
+        ...
+
+    async def connect(self) -> None:
+        """Return once :attr:`ready`, retrying what :meth:`open` could not do."""
+        ...
+
+    async def close(self) -> None:
+        """Release what :meth:`open` took."""
+        ...
+
+    async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
+        """Register ``jobs`` (overdue from ``now`` until their first finished run, and from
+        their last finished run on the schedule declared now) and return the fleet state of
+        every job of the namespace."""
+        ...
+
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
+        """Begin a tick: try the job's lock and read its state under it. ``at`` (the slot, or
+        the tick's start if later) in the database's future is refused before the lock is
+        tried (PostgreSQL: :class:`~ticklock._errors.ClockAhead`)."""
+        ...
+
+    async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
+        """The fleet state of the jobs ``job_ids`` (of those the fleet has one), and those
+        whose lock is held, in one read without taking the locks: a backup's look at slots
+        its owner should have run."""
+        ...
+
+    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
+        """Record a run that did not commit, in a transaction of its own (``fence``: the
+        attempt's, which ends its hold between batches)."""
+        ...
+
+    async def watch(
+        self,
+        owner: str,
+        declared: Callable[[], Declared],
+        apply: Callable[[Mapping[str, Control]], None],
+        members: OnView,
+    ) -> NoReturn:
+        """Until cancelled: report this replica as live, declaring ``declared()``; call
+        ``apply`` with every paused or triggered job of the namespace when that may change, and
+        ``members`` with the live replicas and the jobs each runs when they change."""
+        ...
+
+    def poke(self) -> None:
+        """Make :meth:`watch` look again now (an operation was made here)."""
+        ...
+
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep, for the ledger, that this replica's event loop was blocked for ``seconds``
+        until now by ``job_id``'s handler (``None``: by other code)."""
+        ...
+
+    def classify(self, exc: BaseException) -> Outcome | None:
+        """``Outcome.ERROR`` if ``exc`` means coordination was lost (outage, killed session)."""
+        ...
+
+    def explain(self, exc: BaseException) -> str:
+        """One line for an error that waiting cannot fix: its cause, and the fix."""
+        ...
+
+    def fleet(
+        self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
+    ) -> Fleet:
+        """What operators see and steer of the namespace (``jobs`` and ``health``: the
+        scheduler's own, for a backend that keeps no declarations of its own); raises
+        :class:`~ticklock._errors.SchedulerStateError` when that needs the scheduler running."""
+        ...
+
+
+class Backend(Protocol):
+    """Where the fleet's state lives: it gives each replica its :class:`Coordinator`."""
+
+    def coordinator(self, owner: str, clock: Clock) -> Coordinator:
+        """The coordinator of the replica ``owner`` (a new one for each run of a scheduler)."""
+        ...

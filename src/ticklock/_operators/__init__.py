@@ -1,0 +1,1 @@
+"""What operators see and do: fleet operations, the ledger, health, dashboard, CLI."""

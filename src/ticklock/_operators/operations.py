@@ -1,0 +1,91 @@
+"""A scheduler's jobs as operators see and steer them: the :class:`Fleet` of
+:meth:`Scheduler.fleet <ticklock.Scheduler.fleet>`.
+
+Its coordinator gives the fleet (:meth:`Coordinator.fleet
+<ticklock._backends.seam.Coordinator.fleet>`): in PostgreSQL mode the namespace's, through the
+running scheduler's pool (an operation here reaches every replica); in memory, the database's
+replicas. Either way the replicas obey through the same path: their coordinator's ``watch``
+hands them the paused and triggered jobs; an operation here makes this replica's watch look
+again at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from .._backends.seam import Coordinator
+from .._schedule.job import Job, JobHealth
+from .fleet import Action, Fleet, JobRecord, Replica, RunRecord, SlotRecord, caller
+from .ledger import LIMIT
+
+
+class SchedulerFleet:
+    """The jobs of one scheduler's namespace (see the module docstring)."""
+
+    def __init__(
+        self,
+        namespace: str,
+        coordinator: Callable[[], Coordinator],
+        jobs: Callable[[], Mapping[str, Job]],
+        health: Callable[[], list[JobHealth]],
+    ) -> None:
+        self.namespace = namespace
+        self._coordinator = coordinator
+        self._jobs = jobs
+        self._health = health
+
+    def _fleet(self) -> Fleet:
+        return self._coordinator().fleet(self._jobs, self._health)
+
+    async def jobs(self) -> list[JobRecord]:
+        """Every job of the namespace."""
+        return await self._fleet().jobs()
+
+    async def history(
+        self, job_id: str, limit: int = 100, *, max_text: int | None = None
+    ) -> list[RunRecord]:
+        """The job's last ``limit`` runs, newest first; ``max_text`` as in
+        :meth:`Fleet.history <ticklock._operators.fleet.Fleet.history>`."""
+        return await self._fleet().history(job_id, limit, max_text=max_text)
+
+    async def replicas(self) -> list[Replica]:
+        """The live replicas."""
+        return await self._fleet().replicas()
+
+    async def pause(self, job_id: str, note: str | None = None, *, who: str | None = None) -> bool:
+        """Pause the job (fleet-wide); whether it was not paused already. Audited: ``who``
+        (default: this process's ``user@host``) and ``note``."""
+        changed = await self._fleet().pause(job_id, note, who=who or caller())
+        self._coordinator().poke()
+        return changed
+
+    async def resume(self, job_id: str, note: str | None = None, *, who: str | None = None) -> bool:
+        """Resume the job (fleet-wide); whether it was paused. Audited."""
+        changed = await self._fleet().resume(job_id, note, who=who or caller())
+        self._coordinator().poke()
+        return changed
+
+    async def trigger(
+        self, job_id: str, note: str | None = None, *, who: str | None = None
+    ) -> datetime:
+        """Ask for one run as soon as possible; returns the request's instant. Audited."""
+        at = await self._fleet().trigger(job_id, note, who=who or caller())
+        self._coordinator().poke()
+        return at
+
+    async def forget(self, job_id: str, note: str | None = None, *, who: str | None = None) -> None:
+        """Delete the state and history of a job that is no longer declared. Audited."""
+        await self._fleet().forget(job_id, note, who=who or caller())
+
+    async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
+        """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
+        return await self._fleet().audit(job_id, limit)
+
+    async def slots(
+        self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT
+    ) -> list[SlotRecord]:
+        """Every slot the job's schedule owed from ``since`` to ``until`` (the latest
+        ``limit``), oldest first, each with its fate: ``ran``, ``failed``, ``timed out``,
+        ``covered``, ``skipped``, ``missed`` or ``pending``, and why."""
+        return await self._fleet().slots(job_id, since, until, limit=limit)

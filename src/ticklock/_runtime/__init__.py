@@ -1,0 +1,1 @@
+"""The runtime: what is due, when to wake, and running a tick."""

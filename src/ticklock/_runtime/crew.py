@@ -1,0 +1,87 @@
+"""What the job cycles of one scheduler share, and the backups' looks they read together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from random import Random
+from typing import Protocol
+
+import anyio
+
+from .._backends.seam import Coordinator, FleetState
+from .._schedule.job import Job
+from .._telemetry import logger
+from .clock import Clock
+from .dispatcher import Dispatcher
+from .entry import Entry
+from .runner import Runner
+from .runs import Runs
+from .sharing import Share
+
+READ_LIMIT = 5.0
+"""Seconds a backups' look may take before they attempt instead."""
+
+
+class Looker(Protocol):
+    """A job's cycle, as a look sees it."""
+
+    job: Job
+    running: bool
+
+    def looked(self, state: FleetState | None, *, held: bool) -> None:
+        """The look read ``state`` (``None``: the read failed) and whether the lock is held."""
+        ...
+
+
+@dataclass(eq=False)
+class Crew:
+    """What the cycles of one scheduler share: its clock, timer, view of the fleet and, while
+    it runs, its coordinator, runner and runs."""
+
+    clock: Clock
+    random: Random
+    dispatcher: Dispatcher
+    share: Share
+    coordinator: Coordinator
+    runner: Runner | None = None
+    runs: Runs | None = None
+    running: bool = False
+    """The scheduler runs (not starting or stopping): cycles plan only then."""
+    looks: list[Looker] = field(default_factory=list)
+    """Backups' looks due now, read together in one statement."""
+
+    def look(self, cycle: Looker) -> None:
+        """Read ``cycle``'s job with every other look due now."""
+        self.looks.append(cycle)
+        if len(self.looks) == 1:
+            assert self.runs is not None
+            self.runs.start(self._read, None, "ticklock.look")
+
+    async def _read(self, _: None) -> None:
+        looks, self.looks = self.looks, []
+        states: dict[str, FleetState] | None = None
+        held: frozenset[str] = frozenset()
+        try:
+            with anyio.fail_after(READ_LIMIT):
+                states, held = await self.coordinator.read([c.job.id for c in looks])
+        except Exception as exc:  # the attempts meet the same error, and report it
+            logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)
+        finally:  # cancelled (shutdown) too: never leave a job marked as running
+            for cycle in looks:
+                cycle.running = False
+        for cycle in looks:
+            job_id = cycle.job.id
+            if states is None:
+                cycle.looked(None, held=False)
+            else:
+                cycle.looked(states.get(job_id) or FleetState(), held=job_id in held)
+
+
+def last_successes(entries: list[Entry]) -> list[tuple[str, datetime]]:
+    """The last success of every job that has one (the telemetry's gauge)."""
+    return [
+        (entry.job.id, state.last_success_at)
+        for entry in entries
+        if (state := entry.state) is not None and state.last_success_at is not None
+    ]

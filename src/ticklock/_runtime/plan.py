@@ -1,0 +1,418 @@
+"""What a job does next, from the fleet's state: pure functions, the same on every replica.
+
+- :func:`plan`: what a job waits for next (:data:`Plan`), at start, after a run, after a
+  pause, resume or view change;
+- :func:`look`: what a backup does when it has read a slot's state (:data:`Look`, see
+  :mod:`._sharing`);
+- :func:`admit`: whether a tick that holds the lock runs its handler, and for which slot
+  (:data:`Admission`);
+- :func:`busy`: whether a batched run holds the job between two of its batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .._backends.seam import FleetState
+from .._schedule.job import Job, Outcome, RunResult
+from .._schedule.triggers import Cron, Every, Trigger
+from .sharing import GRACE, STEP
+
+
+@dataclass(frozen=True, slots=True)
+class OnTime:
+    """Run ``slot`` at its instant (plus this replica's jitter)."""
+
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Delayed:
+    """Run ``slot`` ``delay`` seconds from now, without jitter, as attempt ``attempt``: a
+    retry."""
+
+    slot: datetime
+    delay: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Serve the trigger request made at ``slot``: one manual run, at once."""
+
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    """Read the fleet's state again in ``delay`` seconds (the lock was held elsewhere)."""
+
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Wait for nothing: the job is paused, or its schedule is over."""
+
+
+Plan = OnTime | Delayed | Serve | Recheck | Idle
+"""What a job waits for next."""
+IDLE = Idle()
+
+
+def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = None) -> Plan:
+    """What ``job`` does next, given the fleet's ``state`` (with ``result`` folded in) and the
+    ``result`` of the attempt that just ended (``None``: at start, or when re-aligning).
+    A paused job waits for nothing."""
+    if state.paused_at is not None:
+        return IDLE
+    if result is not None and result.outcome is Outcome.LOCKED:
+        if busy(state, now):  # a batched run elsewhere: look again once its hold has ended
+            assert state.busy_until is not None
+            return Recheck(max(STEP, (state.busy_until - now).total_seconds() + STEP))
+        # running elsewhere: look again once that run must have ended, or its holder (paused,
+        # frozen) is past its bound and the attempt ends it; never later than a period
+        return Recheck(min(job.trigger.period, hold_limit(job)))
+    retry = _retry(job, state, now)
+    if retry is not None:
+        return retry
+    if result is None or result.outcome is Outcome.SKIPPED:
+        return on_time(first(job, state, now))
+    return on_time(after(job.trigger, since(job.trigger, result.finished_at, result.slot)))
+
+
+def after_run(job: Job, state: FleetState, now: datetime, result: RunResult) -> Plan:
+    """What ``job`` waits for once an attempt ended with ``result`` (``state``: the fleet's,
+    as read under the lock, with ``result`` folded in)."""
+    if result.manual:
+        if state.trigger_at is None or result.outcome is Outcome.SUCCESS:
+            # served (or not ours to serve): back to the schedule, from the fleet's state
+            executed = result.outcome not in (Outcome.LOCKED, Outcome.SKIPPED)
+            return plan(job, state, now, result if executed else None)
+        return plan(job, state, now)  # it failed to start: again at the next beat, not in a loop
+    if state.trigger_at is not None:
+        return Serve(state.trigger_at)  # asked for while this run ran
+    return plan(job, state, now, result)
+
+
+def steer(
+    job: Job, state: FleetState, now: datetime, *, toggled: bool, serving: bool
+) -> Plan | None:
+    """What ``job`` waits for once operators changed its pause or trigger request (``state``
+    holds the new ones; ``toggled``: paused or resumed; ``serving``: it waits to serve a
+    request already), or ``None`` to keep waiting as it does."""
+    if state.trigger_at is not None:
+        return None if serving else Serve(state.trigger_at)
+    if toggled or serving:  # resumed by the catch_up rule, paused, or the request was served
+        return plan(job, state, now)
+    return None
+
+
+def hold_limit(job: Job) -> float:
+    """Seconds a run of ``job`` can hold its lock: its timeout, the server's bound on a paused
+    holder (a second more) and a grace. A holder found past it is ended by the next attempt
+    (see ``_postgres``), so a replica that found the lock held looks again by then."""
+    return job.timeout + 2 * GRACE
+
+
+def on_time(slot: datetime | None) -> OnTime | Idle:
+    """Run ``slot`` on time; idle when there is none (the schedule is over)."""
+    return IDLE if slot is None else OnTime(slot)
+
+
+def _retry(job: Job, state: FleetState, now: datetime) -> Delayed | None:
+    """The retry of the fleet's last failed slot, if it has attempts left and fits before the
+    next slot (which then covers it, through ``previous_success``)."""
+    failed, done = state.failed_slot, state.failed_attempts
+    if failed is None or done > job.retries or state.last_end is None:
+        return None
+    if state.last_slot is not None and state.last_slot >= failed:
+        return None
+    at = state.last_end + timedelta(seconds=job.retry_backoff * 2 ** (done - 1))
+    following = after(job.trigger, state.last_end)
+    if following is not None and max(at, now) >= following:
+        return None
+    return Delayed(failed, max(0.0, (at - now).total_seconds()), done + 1)
+
+
+def after(trigger: Trigger, end: datetime) -> datetime | None:
+    """The next slot by fixed delay after a run that ended at ``end``."""
+    if isinstance(trigger, Every):
+        return end + trigger.delta
+    return trigger.next_fire(end)
+
+
+def since(trigger: Trigger, end: datetime, slot: datetime | None) -> datetime:
+    """What the next slot counts from after a run of ``slot`` that ended at ``end``: its end;
+    for cron, not before its slot. A wall clock that stepped back during the run ended it
+    before its slot, and the next fire after that end would be the slot itself again: a cron
+    fire at or before the watermark is never owed again. (For ``every`` the slot is the end
+    plus the interval, whatever the wall clock did.)"""
+    if isinstance(trigger, Cron) and slot is not None and slot > end:
+        return slot
+    return end
+
+
+def next_due(job: Job, result: RunResult) -> datetime | None:
+    """When the run after ``result`` is due, as operators see it (retries aside)."""
+    return after(job.trigger, result.finished_at)
+
+
+def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
+    """The slot to wait for at start or when re-aligning: a job that never ran starts at
+    ``now + initial_delay`` (``every``) or its next fire (``cron``); a job whose next slot passed
+    unrun is due at once with ``catch_up`` (one run covers the window), else at the next one
+    after now."""
+    trigger = job.trigger
+    if state.last_end is None:
+        if isinstance(trigger, Every):
+            return now + timedelta(seconds=trigger.initial_delay)
+        return trigger.next_fire(now)
+    due = after(trigger, since(trigger, state.last_end, state.last_slot))
+    if due is None or due > now or (job.catch_up and isinstance(trigger, Every)):
+        return due
+    if isinstance(trigger, Every):
+        steps = math.ceil((now - due).total_seconds() / trigger.interval)
+        return due + timedelta(seconds=steps * trigger.interval)
+    return latest(trigger, due, now) if job.catch_up else trigger.next_fire(now)
+
+
+def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
+    """The slots of a job that never ran, as a scheduler started at ``now`` plans them
+    (:func:`first`, then fixed delay with runs that take no time), without jitter."""
+    fire = first(job, FleetState(), now)
+    while fire is not None:
+        yield fire
+        fire = after(job.trigger, fire)
+
+
+def latest(trigger: Cron, due: datetime, now: datetime) -> datetime:
+    """The last fire at or before ``now``, given that ``due <= now`` is a fire."""
+    window = timedelta(seconds=trigger.period)
+    candidate = due
+    while True:  # widen the window back from now until it holds a fire, at most back to due
+        start = max(now - window, due - timedelta(microseconds=1))
+        found = trigger.next_fire(start)
+        if found is not None and found <= now:
+            candidate = found
+            break
+        if start <= due:
+            break
+        window *= 2
+    while (following := trigger.next_fire(candidate)) is not None and following <= now:
+        candidate = following
+    return candidate
+
+
+def stale(job: Job, state: FleetState, slot: datetime, attempt: int = 1) -> bool:
+    """Whether the fleet has moved past ``slot``: committed it, or ran since it was planned
+    (for a retry: ran any attempt of it but the one before, or a later slot)."""
+    if attempt > 1:
+        committed = state.last_slot is not None and state.last_slot >= slot
+        return committed or state.failed_slot != slot or state.failed_attempts != attempt - 1
+    if state.last_end is None:
+        return False
+    due = after(job.trigger, since(job.trigger, state.last_end, state.last_slot))
+    return due is None or due > slot
+
+
+def overdue_at(job: Job, base: datetime) -> datetime | None:
+    """When ``job`` is overdue if no run finishes after ``base`` (the end of its last finished
+    run of any outcome, or its start): the first fire due after it, plus the jitter, the
+    timeout and the overdue grace. The absence alarm's one judge: ``health()`` compares it
+    with now, and PostgreSQL stores it with every finished run for ``ticklock status``."""
+    due = after(job.trigger, base)
+    if due is None:
+        return None
+    slack = job.trigger.jitter + job.timeout + job.overdue_grace
+    return due + timedelta(seconds=slack)
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """The fleet moved past the slot (committed it, ran it, or paused the job): plan again
+    from the state read."""
+
+
+@dataclass(frozen=True, slots=True)
+class LookAgain:
+    """Read the slot's state again ``after`` seconds from now (``second``: the second look at
+    an open slot), passing over the replicas in ``missed``."""
+
+    after: float
+    second: bool = False
+    missed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Attempt the slot now, passing over the replicas in ``missed``."""
+
+    missed: tuple[str, ...] = ()
+
+
+Look = Replan | LookAgain | Attempt
+"""What a backup does once it has read a slot's state."""
+REPLAN = Replan()
+
+
+def look(
+    job: Job,
+    state: FleetState,
+    slot: datetime | None,
+    attempt: int,
+    *,
+    held: bool,
+    held_for: float,
+    ahead: tuple[str, ...],
+    observer: bool,
+    second: bool,
+    now: datetime | None = None,
+) -> Look:
+    """What a backup does after reading the state of the slot it waits for (``None``: a
+    re-alignment), whether its lock is ``held`` (for ``held_for`` seconds as this replica has
+    seen it), given the replicas ``ahead`` of it, whether it only observes the job, and
+    whether this is its ``second`` look at the slot open (see :mod:`._sharing`). A batched
+    run that holds the job between its batches (:func:`busy` at ``now``) counts as holding
+    its lock: looked at again a grace later, or when its hold ends if that comes first."""
+    if state.paused_at is not None or slot is None or stale(job, state, slot, attempt):
+        return REPLAN
+    if observer:  # declared otherwise: never attempts
+        return LookAgain(job.trigger.period)
+    if now is not None and not held and busy(state, now):
+        assert state.busy_until is not None
+        return LookAgain(min(GRACE, max(STEP, (state.busy_until - now).total_seconds() + STEP)))
+    if held:  # a run is in progress: look again a grace later, until it must have ended
+        if held_for < hold_limit(job):
+            return LookAgain(GRACE)
+        return Attempt()  # held past any run's bound: the attempt ends its holder
+    if not second:  # the owner missed it; the first backup attempts, the others look again
+        if len(ahead) > 1:
+            return LookAgain(STEP, second=True, missed=ahead[:1])
+        return Attempt(missed=ahead[:1])
+    return Attempt(missed=ahead)  # those ahead missed it too: every backup attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run the handler for ``slot``."""
+
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Do not run the handler: ``why``."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Do not run the handler: a batched run holds the job between its batches until
+    ``until`` (the outcome is ``locked``, as for a held lock)."""
+
+    until: datetime
+
+
+Admission = Run | Skip | Busy
+"""Whether a tick that holds the job's lock runs its handler."""
+
+
+def busy(state: FleetState, now: datetime) -> bool:
+    """Whether a batched run holds the job between two of its batches at ``now``: it
+    committed a batch, and its hold (its start on the database's clock plus its budget and a
+    grace) has not ended. Its run's end, or its failure record, ends the hold at once."""
+    return state.busy_until is not None and state.busy_until > now
+
+
+def admit(
+    job: Job,
+    state: FleetState,
+    slot: datetime | None,
+    attempt: int,
+    *,
+    manual: bool,
+    started: datetime,
+) -> Admission:
+    """Whether a tick of ``job`` that took its lock and read ``state`` at ``started`` runs,
+    for ``slot`` (``None``: the one the state says is due) as its ``attempt``-th attempt.
+
+    A manual run (``slot``: the trigger request it serves, ``None`` for ``run_now``) runs
+    whatever the schedule says, unless another replica served the request; a scheduled one
+    runs unless the job is paused, or the fleet moved past its slot. Neither runs while a
+    batched run holds the job between its batches (:func:`busy`)."""
+    if busy(state, started):
+        assert state.busy_until is not None
+        return Busy(state.busy_until)
+    if manual:
+        if slot is not None and state.trigger_at is None:
+            return Skip("another replica served the trigger request")
+        run = slot or started
+        if state.last_slot is not None and state.last_slot >= run:
+            run = started  # a scheduled run committed a later slot meanwhile
+        return Run(run)
+    if state.paused_at is not None:
+        return Skip("paused")
+    if slot is None:  # re-align: the fleet's state says which slot is due
+        due = first(job, state, started)
+        if due is None or due > started:
+            return Skip("no slot is due")
+        return Run(due)
+    if stale(job, state, slot, attempt):
+        return Skip("the fleet has moved past the slot")
+    return Run(slot)
+
+
+GIVE_UP_FOR = 900.0
+"""Seconds after which a replica takes back a job it gave up."""
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """This replica's runs of the job keep failing while another replica can run it: rank
+    after every other replica for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeBack:
+    """Run the job here again (a run here succeeded, or the give-up has lasted long enough)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """Nothing changes."""
+
+
+Standing = GiveUp | TakeBack | Keep
+"""Whether this replica gives a job up, takes it back, or keeps its standing."""
+KEEP = Keep()
+
+
+def standing(
+    job: Job,
+    now: datetime,
+    *,
+    own_failures: int,
+    given_up_at: datetime | None,
+    others_can_run: Callable[[], bool],
+) -> Standing:
+    """Give ``job`` up after its ``failure_threshold`` failed runs here in a row while another
+    live replica can run it (one that declares it alike and has not given it up too); take it
+    back after a success here, or :data:`GIVE_UP_FOR` seconds after giving it up (the host may
+    have been fixed). ``others_can_run`` is asked last (it ranks the live replicas).
+
+    Whether the job succeeds elsewhere is not asked: with no retries, no other replica runs
+    a slot the owner failed, so the fleet would never learn that it does. A job that fails on
+    every replica (a shared dependency down) is given up by each in turn and stays on the
+    last, which no other can take it from."""
+    if given_up_at is not None:
+        if own_failures == 0 or (now - given_up_at).total_seconds() > GIVE_UP_FOR:
+            return TakeBack()
+        return KEEP
+    if own_failures >= job.failure_threshold and others_can_run():
+        return GiveUp()
+    return KEEP

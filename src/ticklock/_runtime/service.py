@@ -1,0 +1,224 @@
+"""One run of a scheduler: open its coordinator, load the fleet's state, start every job's
+cycle, hand the cycles what the fleet says (operators' changes, the live replicas), and drain
+the runs in flight at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from .._backends.seam import Control, Coordinator, Declared, FleetState
+from .._errors import StartupError
+from .._schedule.job import Job, declaration
+from .._telemetry import logger
+from .crew import Crew
+from .cycle import Cycle
+from .runner import Runner
+from .runs import Runs
+from .sharing import Member, Share
+
+LOAD_RETRY = 30.0
+"""Seconds before reading the fleet's state again after an error."""
+VIEW_CHUNK = 100
+"""Jobs that take their role in a new view between two passes of the event loop."""
+_NO_CONTROL = Control(None, None)
+
+
+class Service:
+    """Runs the cycles of one scheduler (its ``cycles``, which may change while it runs)."""
+
+    def __init__(
+        self,
+        crew: Crew,
+        cycles: Mapping[str, Cycle],
+        coordinator: Coordinator,
+        runner: Runner,
+        owner: str,
+        *,
+        require_database: bool,
+        shutdown_grace: float,
+        mode: str,
+        builtin: str,
+    ) -> None:
+        self._crew = crew
+        self._cycles = cycles
+        self._coordinator = coordinator
+        self._owner = owner
+        self._require_database = require_database
+        self._shutdown_grace = shutdown_grace
+        self._mode = mode
+        self._builtin = builtin  # the built-in job's id (said apart in the start line)
+        crew.coordinator, crew.runner = coordinator, runner
+        crew.share = Share(owner)  # no view until this run's first heartbeat
+        self._disagree: dict[str, tuple[str, ...]] = {}  # replicas declaring a job otherwise
+
+    async def run(self, task_status: TaskStatus[None]) -> None:
+        """Until cancelled (see :meth:`Scheduler.run <ticklock.Scheduler.run>`)."""
+        crew, coordinator = self._crew, self._coordinator
+        crew.dispatcher.stalled = coordinator.stalled  # the ledger names this replica's stalls
+        try:
+            await coordinator.open()
+            try:
+                states = await self._first_load()
+                async with anyio.create_task_group() as tg:
+                    runs = crew.runs = Runs()
+                    await tg.start(runs.serve)
+                    # beside the runs, so that their timeouts fire while they drain
+                    runs.service(crew.dispatcher.run, "ticklock.dispatcher")
+                    try:
+                        await self._serve(tg, states, task_status)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._drain(runs)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await coordinator.close()
+        except StartupError as exc:
+            logger.error("%s", exc)  # one line: the message names the cause and the fix
+            raise
+        except Exception:
+            logger.exception("the scheduler stopped on an error")
+            raise
+        finally:
+            crew.running = False
+            crew.runs = None
+            for cycle in self._cycles.values():
+                cycle.stop()
+
+    async def _first_load(self) -> dict[str, FleetState] | None:
+        """The fleet's state at start (``None`` while the database does not answer, or refuses
+        the read: logged, and read again later); with ``require_database=True`` a refusal
+        fails the start."""
+        coordinator = self._coordinator
+        if not coordinator.ready:
+            return None
+        try:
+            return await self._load()
+        except Exception as exc:
+            if self._require_database:
+                raise StartupError(coordinator.explain(exc)) from exc
+            logger.error("%s", coordinator.explain(exc))
+            return None
+
+    async def _serve(
+        self, tg: TaskGroup, states: dict[str, FleetState] | None, task_status: TaskStatus[None]
+    ) -> None:
+        self._crew.running = True
+        # Plan from when the fleet's state is known, not from before it was read: a first
+        # slot planned before the load would start late by however long the load took.
+        now = self._crew.clock.now()
+        for job_id, cycle in self._cycles.items():
+            cycle.start(None if states is None else states.get(job_id), now)
+        if states is None:  # the database did not answer: its ticks end as error meanwhile
+            tg.start_soon(self._connect, name="ticklock.connect")
+        tg.start_soon(
+            self._coordinator.watch,
+            self._owner,
+            self._declared,
+            self._apply,
+            self._members,
+            name="ticklock.watch",
+        )
+        user = sum(1 for job_id in self._cycles if job_id != self._builtin)
+        logger.info(
+            "scheduler started (%s mode, %d job%s%s, owner %s)",
+            self._mode,
+            user,
+            "" if user == 1 else "s",
+            f" and the built-in {self._builtin}" if self._builtin in self._cycles else "",
+            self._owner,
+        )
+        task_status.started()
+        await anyio.sleep_forever()
+
+    async def _load(self) -> dict[str, FleetState] | None:
+        """The fleet's state of every job (``None`` if the database stopped answering)."""
+        jobs = {job_id: c.job for job_id, c in self._cycles.items() if c.job.enabled}
+        try:
+            return await self._coordinator.load(jobs, self._crew.clock.now())
+        except Exception as exc:
+            if not self._coordinator.classify(exc):
+                raise
+            return None  # the coordinator is no longer ready
+
+    async def _connect(self) -> None:
+        """Wait for the database, then re-plan every job from the fleet's state."""
+        clock = self._crew.clock
+        states = None
+        while states is None:
+            await self._coordinator.connect()
+            try:
+                states = await self._load()
+            except Exception as exc:  # e.g. no permission on the tables: say so, try later
+                logger.error("%s", self._coordinator.explain(exc))
+                await clock.sleep_until(clock.monotonic() + LOAD_RETRY)
+        now = clock.now()
+        for job_id, cycle in self._cycles.items():
+            cycle.reload(states.get(job_id), now)
+
+    async def _drain(self, runs: Runs) -> None:
+        self._crew.running = False
+        for cycle in self._cycles.values():
+            cycle.stop()
+        await runs.drain(self._shutdown_grace)
+        logger.info("scheduler stopped")
+
+    def _declared(self) -> Declared:
+        cycles = self._cycles.values()
+        return Declared(
+            tuple(c.job.id for c in cycles if c.job.enabled),
+            tuple(c.job.id for c in cycles if not c.job.enabled),
+            tuple(c.fingerprint for c in cycles if c.job.enabled),
+            tuple(sorted(c.job.id for c in cycles if c.given_up_at is not None)),
+        )
+
+    def _apply(self, controls: Mapping[str, Control]) -> None:
+        """Hand each job what operators asked of it (paused since, a trigger request)."""
+        if not self._crew.running:
+            return
+        for job_id, cycle in self._cycles.items():
+            cycle.control(*controls.get(job_id, _NO_CONTROL))
+
+    async def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
+        """A new view of the live replicas: each waiting job takes its role in it, a chunk of
+        :data:`VIEW_CHUNK` jobs at a time, so that the runs and timers due meanwhile are not
+        held up (a job not reached yet waits as the view before had it, as when this replica
+        hears of a change later than the others; a job that plans meanwhile plans in the new
+        view)."""
+        if not self._crew.share.update(members, seen) or not self._crew.running:
+            return
+        for i, cycle in enumerate(list(self._cycles.values())):
+            if i and not i % VIEW_CHUNK:
+                await anyio.lowlevel.checkpoint()
+                if not self._crew.running:
+                    return
+            if cycle.job.enabled:
+                self._disagreement(cycle.job)
+            cycle.view_changed()
+
+    def _disagreement(self, job: Job) -> None:
+        """Log once per change when live replicas declare ``job`` otherwise than the ruling
+        declaration (the one most of them share; between as many, the one whose replicas
+        started first)."""
+        share = self._crew.share
+        others = share.disagreement(job.id)
+        if others == self._disagree.get(job.id, ()):
+            return
+        if others:
+            self._disagree[job.id] = others
+            logger.warning(
+                "%s: the live replicas declare it differently: %s declare it otherwise than "
+                "%s, whose declaration rules (most replicas share it): only they run it; this "
+                "replica declares %s",
+                job.id,
+                ", ".join(others),
+                ", ".join(sorted(share.ranking(job.id))),
+                declaration(job),
+                extra={"job_id": job.id},
+            )
+        else:
+            del self._disagree[job.id]
+            logger.info("%s: the live replicas declare it alike again", job.id)

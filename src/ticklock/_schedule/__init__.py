@@ -1,0 +1,1 @@
+"""The schedule: triggers, cron, zones, a job's declaration and its validation."""

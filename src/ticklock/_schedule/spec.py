@@ -1,0 +1,108 @@
+"""A job's declaration as the fleet's records keep it: what operators and the ledger need to
+know of a job without its code (its trigger, timeout, retries, ``catch_up``, thresholds).
+
+Each replica writes its jobs' specs when it loads them (PostgreSQL: ``jobs.spec``, JSON), so
+``ticklock status``, ``ticklock slots`` and a standalone dashboard can describe a job and
+compute the slots its schedule owed. A spec that this release cannot read (written by another
+one) reads as ``None``: the job is then shown without them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .._errors import ScheduleError
+from .job import Job
+from .triggers import Cron, Every, Trigger
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What the records keep of a job's declaration."""
+
+    trigger: Trigger
+    timeout: float
+    retries: int
+    catch_up: bool
+    overdue_grace: float
+    failure_threshold: int
+    enabled: bool
+
+    @property
+    def schedule(self) -> str:
+        """The trigger as operators read it (``every 15m``, ``cron '17 3 * * *' UTC``)."""
+        return self.trigger.describe()
+
+
+def of(job: Job) -> Spec:
+    """The spec of a declared job."""
+    return Spec(
+        job.trigger,
+        job.timeout,
+        job.retries,
+        job.catch_up,
+        job.overdue_grace,
+        job.failure_threshold,
+        job.enabled,
+    )
+
+
+def to_json(spec: Spec) -> dict[str, Any]:
+    """The spec as the JSON object the records keep."""
+    trigger = spec.trigger
+    shape: dict[str, Any] = (
+        {"every": trigger.interval, "initial_delay": trigger.initial_delay}
+        if isinstance(trigger, Every)
+        else {"cron": trigger.expr, "tz": trigger.tz}
+    )
+    return {
+        **shape,
+        "jitter": trigger.jitter,
+        "timeout": spec.timeout,
+        "retries": spec.retries,
+        "catch_up": spec.catch_up,
+        "overdue_grace": spec.overdue_grace,
+        "failure_threshold": spec.failure_threshold,
+        "enabled": spec.enabled,
+    }
+
+
+def from_json(value: Any) -> Spec | None:
+    """The spec a record holds; ``None`` for none, or for one this release cannot read."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        trigger: Trigger
+        if "every" in value:
+            trigger = Every(
+                float(value["every"]), float(value["jitter"]), float(value["initial_delay"])
+            )
+        else:
+            trigger = Cron(str(value["cron"]), str(value["tz"]), float(value["jitter"]))
+        spec = Spec(
+            trigger,
+            float(value["timeout"]),
+            int(value["retries"]),
+            bool(value["catch_up"]),
+            float(value["overdue_grace"]),
+            int(value.get("failure_threshold", 1)),
+            bool(value["enabled"]),
+        )
+        # a ledger walks the schedule: never a zero step; and no limit a job could not have
+        sane = trigger.period > 0 and spec.timeout > 0 and spec.overdue_grace >= 0
+        return spec if sane and spec.retries >= 0 and spec.failure_threshold >= 1 else None
+    except (KeyError, TypeError, ValueError, ScheduleError):
+        return None
+
+
+def first_due(spec: Spec, now: datetime, started: datetime | None) -> datetime | None:
+    """When a job that has not run yet is due, as operators see it: a cron job's next fire;
+    an ``every`` job's first slot once a replica runs it (``started``: when its owner
+    started), ``None`` while none does."""
+    if isinstance(spec.trigger, Every):
+        if started is None:
+            return None
+        return max(now, started + timedelta(seconds=spec.trigger.initial_delay))
+    return spec.trigger.next_fire(now)
