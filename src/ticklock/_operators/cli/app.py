@@ -48,7 +48,7 @@ def load_scheduler(target: str) -> Scheduler:
 
 def _where(exc: BaseException) -> str:
     """`` (file:line)`` of ``exc``'s innermost frame outside importlib and ticklock, or ``""``."""
-    ticklock = os.path.dirname(os.path.dirname(__file__))
+    ticklock = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     machinery = tuple(os.path.join(d, "") for d in (os.path.dirname(importlib.__file__), ticklock))
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if not frame.filename.startswith(("<", *machinery)):
