@@ -4,6 +4,7 @@ from ._errors import ScheduleError as ScheduleError
 from ._errors import SchedulerStateError as SchedulerStateError
 from ._errors import StartupError as StartupError
 from ._logging import log_to_stderr as log_to_stderr
+from ._operators.schedules import Schedules as Schedules
 from ._runtime.batch import Batch as Batch
 from ._runtime.clock import Clock as Clock
 from ._runtime.clock import SystemClock as SystemClock
@@ -14,6 +15,7 @@ from ._schedule.job import JobOptions as JobOptions
 from ._schedule.job import Outcome as Outcome
 from ._schedule.job import RunResult as RunResult
 from ._schedule.lock_key import lock_key as lock_key
+from ._schedule.stored import Schedule as Schedule
 from ._schedule.triggers import Cron as Cron
 from ._schedule.triggers import Every as Every
 from ._schedule.triggers import cron as cron
@@ -32,9 +34,11 @@ __all__ = (
     "JobHealth",
     "Outcome",
     "RunResult",
+    "Schedule",
     "ScheduleError",
     "Scheduler",
     "SchedulerStateError",
+    "Schedules",
     "StartupError",
     "SystemClock",
     "__version__",

@@ -43,9 +43,16 @@ class ScheduleError(ValueError):
         ScheduleError: every(): interval must be positive, got 0 s
     """
 
-    def __init__(self, message: str, *, job_id: str | None = None, field: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str | None = None,
+        field: str | None = None,
+        what: str = "job",
+    ):
         if job_id is not None:
-            message = f"job {job_id!r}: {message}"
+            message = f"{what} {job_id!r}: {message}"
         super().__init__(message)
         self.job_id = job_id
         self.field = field

@@ -20,6 +20,8 @@ from ._backends.memory import MemoryDatabase
 from ._backends.seam import Backend, Control
 from ._errors import ScheduleError, SchedulerStateError
 from ._operators.operations import SchedulerFleet
+from ._operators.schedules import Schedules
+from ._runtime.catalog import Catalog
 from ._runtime.clock import Clock, SystemClock
 from ._runtime.crew import Crew, last_successes
 from ._runtime.cycle import Cycle
@@ -28,9 +30,10 @@ from ._runtime.runner import Runner
 from ._runtime.service import Service
 from ._runtime.sharing import Share
 from ._schedule.job import Handler, Job, JobHealth, JobOptions, RunResult
-from ._schedule.triggers import Trigger
+from ._schedule.triggers import Trigger, every
 from ._schedule.validate import Duration, identifier, name, seconds
 from ._schedule.validate import dsn as valid_dsn
+from ._schedule.validate import name as valid_name
 from ._telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -130,10 +133,11 @@ class Scheduler:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._random = random if random is not None else _random.Random()
         self._cycles: dict[str, Cycle] = {}  # every declared job, by id
+        self._tasks: dict[str, Handler] = {}  # the handlers of stored schedules, by task
         self._busy = False  # run() is in progress (starting, running or stopping)
         self._outer: TaskGroup | None = None
         self._telemetry = Telemetry(
-            lambda: last_successes(list(self._cycles.values())),
+            lambda: last_successes([*self._cycles.values(), *self._catalog.cycles.values()]),
             tracer_provider,
             meter_provider,
         )
@@ -149,8 +153,12 @@ class Scheduler:
         """Whether this scheduler coordinates through PostgreSQL."""
         if dsn is not None or pool is not None:
             self._use_postgres(dsn, pool)
+        self._catalog = Catalog(self._crew, self._tasks)
         self._fleet = SchedulerFleet(
             self.namespace, lambda: self._crew.coordinator, lambda: self.jobs, self.health
+        )
+        self._schedules = Schedules(
+            lambda: self._crew.coordinator.schedules, self._tasks.keys, self._cycles.keys
         )
 
     def _use_postgres(self, dsn: str | None, pool: asyncpg.Pool[Any] | None) -> None:
@@ -252,6 +260,40 @@ class Scheduler:
             cycle.start(None, self._clock.now())
         return job
 
+    def task(self, name: str) -> Callable[[F], F]:
+        """Declare the decorated ``async def handler(ctx)`` as the handler of every stored
+        schedule whose task is ``name`` (see :attr:`schedules`)::
+
+            @scheduler.task("send-report")
+            async def send_report(ctx: JobContext) -> None:
+                tenant = ctx.args["tenant"]
+
+        Only replicas with the task run its schedules. Raises :class:`ScheduleError` for a
+        name that is not plain text, a task declared twice, or a handler that is not async."""
+        task = valid_name(name, "task")
+
+        def decorate(func: F) -> F:
+            if task in self._tasks:
+                raise ScheduleError(f"task {task!r} is already declared", field="task")
+            Job.declare(func, _PROBE, id=task)  # the handler's checks, as for a job
+            self._check_idle()
+            self._tasks[task] = func
+            return func
+
+        return decorate
+
+    @property
+    def tasks(self) -> Mapping[str, Handler]:
+        """The declared tasks' handlers by name (a read-only snapshot)."""
+        return MappingProxyType(dict(self._tasks))
+
+    @property
+    def schedules(self) -> Schedules:
+        """The namespace's stored schedules: ``put``, ``get``, ``delete``, ``list`` (see
+        :class:`~ticklock.Schedules`). In PostgreSQL mode they are the database's, and need
+        the scheduler running (its pool); in local mode its database's."""
+        return self._schedules
+
     def remove(self, id: str) -> Job:
         """Remove the job ``id``; a run in flight finishes, no new one starts."""
         try:
@@ -301,9 +343,11 @@ class Scheduler:
             coordinator = self._crew.coordinator = self._backend.coordinator(
                 self.owner, self._clock
             )
+            self._catalog = Catalog(self._crew, self._tasks)
             service = Service(
                 self._crew,
                 self._cycles,
+                self._catalog,
                 coordinator,
                 Runner(
                     coordinator,
@@ -318,6 +362,7 @@ class Scheduler:
                 shutdown_grace=self.shutdown_grace,
                 mode="postgres" if self.postgres else "local",
                 builtin=_RETENTION,
+                tasks=self._tasks,
             )
             await service.run(task_status)
         finally:
@@ -341,10 +386,9 @@ class Scheduler:
             raise SchedulerStateError(
                 "run_now() needs a running scheduler: call it inside 'async with scheduler'"
             )
-        try:
-            cycle = self._cycles[id]
-        except KeyError:
-            raise KeyError(f"no job with id {id!r}") from None
+        cycle = self._cycles.get(id) or self._catalog.cycles.get(id)
+        if cycle is None:
+            raise KeyError(f"no job with id {id!r}")
         return await cycle.run_now()
 
     @property
@@ -419,9 +463,8 @@ class Scheduler:
         when one was due), ``failing`` says that its runs fail."""
         clock_now = self._clock.now()
         problem = self._crew.coordinator.problem
-        return [
-            c.health(now or clock_now, clock_now, problem=problem) for c in self._cycles.values()
-        ]
+        cycles = [*self._cycles.values(), *self._catalog.cycles.values()]
+        return [c.health(now or clock_now, clock_now, problem=problem) for c in cycles]
 
     # -- integrations --------------------------------------------------------------------
 
@@ -438,6 +481,7 @@ class Scheduler:
 
 
 _RETENTION = "ticklock.retention"
+_PROBE = every(3600)  # the trigger a task's handler is checked with
 _LOAD_RETRY = 30.0  # seconds before reading the fleet's state again after an error
 _NO_CONTROL = Control(None, None)
 

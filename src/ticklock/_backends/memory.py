@@ -28,7 +28,9 @@ from .._operators.ledger import STALLED, Incident
 from .._runtime.clock import Clock
 from .._runtime.sharing import LIVE, Member
 from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint
+from .._schedule.stored import Schedule
 from .memory_fleet import MemoryFleet, Presence
+from .memory_schedules import MemorySchedules
 from .seam import Control, Declared, FleetState, OnView
 
 if TYPE_CHECKING:
@@ -77,6 +79,12 @@ class MemoryDatabase:
         """What kept replicas from their slots, as they recorded it (their loops' stalls)."""
         self.since: datetime | None = None
         """When the first replica joined: the presence records reach back to here."""
+        self.schedules: dict[str, Schedule] = {}
+        """The stored schedules, by id (see :mod:`.memory_schedules`)."""
+        self.deleted: dict[str, int] = {}
+        """The last version of each deleted schedule (a schedule put again goes on from it)."""
+        self.schedule_log: list[str] = []
+        """The id of each write of a schedule, in order: its number is its index plus one."""
         self._held: dict[str, _MemoryAttempt] = {}  # job id -> the attempt holding its lock
         self._live: dict[str, _Live] = {}
         self._frozen: dict[str, anyio.Event] = {}  # owner -> set when it thaws
@@ -157,17 +165,24 @@ class MemoryDatabase:
             raise ReplicaLost(f"replica {owner} was killed (MemoryDatabase.kill)")
 
     def silent_replica(
-        self, owner: str, jobs: Iterable[Job], started_at: datetime, *, failing: Iterable[str] = ()
+        self,
+        owner: str,
+        jobs: Iterable[Job],
+        started_at: datetime,
+        *,
+        failing: Iterable[str] = (),
+        tasks: Iterable[str] = (),
     ) -> None:
         """Add ``owner`` to the live replicas, declaring ``jobs`` (``failing``: those it gave
-        up), as a replica that never runs, looks or beats: one frozen or dead before its
-        heartbeat went stale. :meth:`beat` and :meth:`leave` change it."""
+        up) and ``tasks``, as a replica that never runs, looks or beats: one frozen or dead
+        before its heartbeat went stale. :meth:`beat` and :meth:`leave` change it."""
         jobs = tuple(jobs)
         declared = Declared(
             tuple(job.id for job in jobs if job.enabled),
             tuple(job.id for job in jobs if not job.enabled),
             tuple(fingerprint(job) for job in jobs if job.enabled),
             tuple(failing),
+            tuple(tasks),
         )
         self._join(owner, _Live(lambda: declared, started_at, started_at, anyio.Event()))
 
@@ -217,7 +232,9 @@ class MemoryDatabase:
         for owner, live in self._live.items():
             declared = live.declared()
             jobs = dict(zip(declared.enabled, declared.fingerprints, strict=True))
-            members[owner] = Member(jobs, frozenset(declared.failing), live.started_at)
+            members[owner] = Member(
+                jobs, frozenset(declared.failing), live.started_at, frozenset(declared.tasks)
+            )
             seen[owner] = live.seen_at
         return members, seen
 
@@ -239,7 +256,11 @@ class MemoryDatabase:
         for owner, live in sorted(self._live.items()):
             declared = live.declared()
             jobs = declared.enabled + declared.disabled
-            replicas.append(Replica(owner, live.started_at, live.seen_at, jobs, declared.failing))
+            replicas.append(
+                Replica(
+                    owner, live.started_at, live.seen_at, jobs, declared.failing, declared.tasks
+                )
+            )
         return replicas
 
     # -- the records ---------------------------------------------------------------------
@@ -445,6 +466,11 @@ class MemoryCoordinator:
     def explain(self, exc: BaseException) -> str:
         """In memory, only errors of ticklock's own fail the start."""
         return f"ticklock could not start: {type(exc).__name__}: {exc}"
+
+    @property
+    def schedules(self) -> MemorySchedules:
+        """The database's stored schedules."""
+        return MemorySchedules(self.db, self._clock)
 
     def fleet(
         self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]

@@ -28,6 +28,8 @@ from .._runtime.sharing import Member, owner_of
 from .._schedule import spec as _spec
 from .._schedule.caps import cut_text, shorten_report
 from .._schedule.job import Job, JobHealth, Outcome, RunResult
+from .._schedule.stored import Schedule, ScheduleStore
+from .memory_schedules import MemorySchedules
 from .seam import Declared, FleetState
 
 
@@ -52,6 +54,8 @@ class Records(Protocol):
     actions: deque[Action]
     since: datetime | None
     incidents: deque[Incident]
+    schedules: dict[str, Schedule]
+    deleted: dict[str, int]
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -93,13 +97,24 @@ class MemoryFleet:
         self._jobs = jobs
         self._health = health
 
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The database's stored schedules."""
+        return MemorySchedules(self._db, self._clock)  # type: ignore[arg-type]
+
     def _declared(self) -> tuple[set[str], set[str]]:
         """The ids declared here or by a live replica: enabled by one, and only disabled."""
         enabled = {i for i, job in self._jobs().items() if job.enabled}
         disabled = {i for i, job in self._jobs().items() if not job.enabled}
+        tasks: set[str] = set()
         for declared in self._db.declarations():
             enabled.update(declared.enabled)
             disabled.update(declared.disabled)
+            tasks.update(declared.tasks)
+        for schedule in self._db.schedules.values():  # run by the replicas with its task
+            if schedule.task in tasks:
+                on = schedule.options.get("enabled", True)
+                (enabled if on else disabled).add(schedule.id)
         return enabled, disabled - enabled
 
     def _spec(self, job_id: str) -> _spec.Spec | None:
@@ -115,8 +130,11 @@ class MemoryFleet:
         members, _ = db.view()
         last_action = {a.job_id: a for a in db.actions if a.changed and a.action != "forget"}
         records = []
-        for job_id in sorted(enabled | disabled | db.states.keys() | db.history.keys()):
+        ids = enabled | disabled | db.states.keys() | db.history.keys()
+        for job_id in sorted(ids - db.deleted.keys()):
             state = db.states.get(job_id) or FleetState()
+            stored = db.schedules.get(job_id)
+            task = None if stored is None else stored.task
             runs = db.history.get(job_id, ())
             failed = [r for r in runs if r.outcome is not Outcome.SUCCESS]
             seen = health.get(job_id)
@@ -146,9 +164,11 @@ class MemoryFleet:
                     schedule=None if spec is None else spec.schedule,
                     timeout=None if spec is None else spec.timeout,
                     retries=None if spec is None else spec.retries,
-                    owner=owner_of(members, job_id) if members else _alone(db, job_id),
+                    owner=owner_of(members, job_id, task) if members else _alone(db, job_id, task),
                     builtin=job_id.startswith(BUILTIN),
                     last_action=last_action.get(job_id),
+                    task=task,
+                    tenant=None if stored is None else stored.tenant,
                 )
             )
         return records
@@ -261,10 +281,10 @@ class MemoryFleet:
         return self._db.states.get(job_id) or FleetState()
 
 
-def _alone(db: Records, job_id: str) -> str | None:
+def _alone(db: Records, job_id: str, task: str | None) -> str | None:
     """The owner of ``job_id`` when at most one replica is live (the view is then empty)."""
     for replica in db.replicas():
-        if job_id in replica.jobs:
+        if job_id in replica.jobs or (task is not None and task in replica.tasks):
             return replica.owner
     return None
 

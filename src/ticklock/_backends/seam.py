@@ -17,6 +17,7 @@ from .._operators.fleet import Fleet
 from .._runtime.clock import Clock
 from .._runtime.sharing import Member
 from .._schedule.job import Job, JobHealth, Outcome, RunResult
+from .._schedule.stored import ScheduleStore
 
 if TYPE_CHECKING:
     import asyncpg
@@ -51,6 +52,9 @@ class FleetState:
     database's clock; ``None``: no batched run in progress). See :mod:`._batch`."""
     cursor: str | None = None
     """The JSON text of the cursor committed with the job's last committed batch."""
+    version: int | None = None
+    """A stored schedule's version as the records hold it (``None``: a job declared in code;
+    0: the schedule was deleted)."""
 
     def committed(self, result: RunResult) -> FleetState:
         """This state with a successful run folded in."""
@@ -64,6 +68,7 @@ class FleetState:
             trigger_at=self._served(result),
             last_owner=result.owner,
             cursor=self.cursor,
+            version=self.version,
         )
 
     def failed(self, result: RunResult) -> FleetState:
@@ -116,6 +121,8 @@ class Declared(NamedTuple):
     fingerprints: tuple[str, ...] = ()
     """One per enabled job, in the same order."""
     failing: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    """The tasks it has (``@scheduler.task``): it runs their stored schedules."""
 
 
 OnView = Callable[[Mapping[str, Member], Mapping[str, datetime]], Awaitable[None]]
@@ -226,6 +233,11 @@ class Coordinator(Protocol):
 
     def explain(self, exc: BaseException) -> str:
         """One line for an error that waiting cannot fix: its cause, and the fix."""
+        ...
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The namespace's stored schedules."""
         ...
 
     def fleet(

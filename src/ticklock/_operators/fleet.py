@@ -154,6 +154,10 @@ class JobRecord:
     """One of ticklock's own jobs (``ticklock.retention``): not for operators to pause."""
     last_action: Action | None = None
     """The last operation that changed the job (pause, resume, trigger)."""
+    task: str | None = None
+    """A stored schedule's task (``None``: a job declared in code)."""
+    tenant: str | None = None
+    """A stored schedule's tenant."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +197,8 @@ class Replica:
     failing: tuple[str, ...] = ()
     """The jobs it gave up: its own runs of them kept failing while other replicas could
     run them (it runs them only when no other replica does)."""
+    tasks: tuple[str, ...] = ()
+    """The tasks it has: it runs their stored schedules."""
 
 
 def state_of(
@@ -282,6 +288,8 @@ def job_json(job: JobRecord) -> dict[str, Any]:
         "owner": job.owner,
         "builtin": job.builtin,
         "last_action": None if job.last_action is None else action_json(job.last_action),
+        "task": job.task,
+        "tenant": job.tenant,
     }
 
 
@@ -297,7 +305,14 @@ def action_json(action: Action) -> dict[str, Any]:
     }
 
 
-_DONE = {"pause": "paused", "resume": "resumed", "trigger": "triggered", "forget": "forgot"}
+_DONE = {
+    "pause": "paused",
+    "resume": "resumed",
+    "trigger": "triggered",
+    "forget": "forgot",
+    "put": "put",
+    "delete": "deleted",
+}
 
 
 def done(action: Action) -> str:
@@ -345,6 +360,7 @@ def replica_json(replica: Replica) -> dict[str, Any]:
         "seen_at": iso(replica.seen_at),
         "jobs": list(replica.jobs),
         "failing": list(replica.failing),
+        "tasks": list(replica.tasks),
     }
 
 

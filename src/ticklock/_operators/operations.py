@@ -16,6 +16,7 @@ from datetime import datetime
 
 from .._backends.seam import Coordinator
 from .._schedule.job import Job, JobHealth
+from .._schedule.stored import ScheduleStore
 from .fleet import Action, Fleet, JobRecord, Replica, RunRecord, SlotRecord, caller
 from .ledger import LIMIT
 
@@ -34,6 +35,11 @@ class SchedulerFleet:
         self._coordinator = coordinator
         self._jobs = jobs
         self._health = health
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The namespace's stored schedules (the store behind ``scheduler.schedules``)."""
+        return self._coordinator().schedules
 
     def _fleet(self) -> Fleet:
         return self._coordinator().fleet(self._jobs, self._health)

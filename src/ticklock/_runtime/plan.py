@@ -345,6 +345,8 @@ def admit(
     whatever the schedule says, unless another replica served the request; a scheduled one
     runs unless the job is paused, or the fleet moved past its slot. Neither runs while a
     batched run holds the job between its batches (:func:`busy`)."""
+    if job.version is not None and state.version != job.version:
+        return Skip(_changed(state.version))
     if busy(state, started):
         assert state.busy_until is not None
         return Busy(state.busy_until)
@@ -365,6 +367,14 @@ def admit(
     if stale(job, state, slot, attempt):
         return Skip("the fleet has moved past the slot")
     return Run(slot)
+
+
+def _changed(version: int | None) -> str:
+    """Why a stored schedule's tick does not run: the records hold another definition
+    (this replica hears of the change within a beat, and runs that one)."""
+    if not version:
+        return "the schedule was deleted"
+    return f"the schedule changed (version {version})"
 
 
 GIVE_UP_FOR = 900.0

@@ -213,6 +213,7 @@ class Runner:
             conn=attempt.conn,
             namespace=self.namespace,
             attempt=1 if run.manual else number,
+            args=job.args,
             _batches=open_batches,
         )
         run.executed = True

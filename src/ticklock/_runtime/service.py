@@ -4,8 +4,9 @@ the runs in flight at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime
+from itertools import chain
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -14,6 +15,7 @@ from .._backends.seam import Control, Coordinator, Declared, FleetState
 from .._errors import StartupError
 from .._schedule.job import Job, declaration
 from .._telemetry import logger
+from .catalog import Catalog
 from .crew import Crew
 from .cycle import Cycle
 from .runner import Runner
@@ -34,6 +36,7 @@ class Service:
         self,
         crew: Crew,
         cycles: Mapping[str, Cycle],
+        catalog: Catalog,
         coordinator: Coordinator,
         runner: Runner,
         owner: str,
@@ -42,17 +45,20 @@ class Service:
         shutdown_grace: float,
         mode: str,
         builtin: str,
+        tasks: Mapping[str, object],
     ) -> None:
         self._crew = crew
         self._cycles = cycles
+        self._catalog = catalog
         self._coordinator = coordinator
         self._owner = owner
         self._require_database = require_database
         self._shutdown_grace = shutdown_grace
         self._mode = mode
         self._builtin = builtin  # the built-in job's id (said apart in the start line)
+        self._tasks = tasks
         crew.coordinator, crew.runner = coordinator, runner
-        crew.share = Share(owner)  # no view until this run's first heartbeat
+        crew.share = Share(owner, catalog.task_of)  # no view until this run's first heartbeat
         self._disagree: dict[str, tuple[str, ...]] = {}  # replicas declaring a job otherwise
 
     async def run(self, task_status: TaskStatus[None]) -> None:
@@ -85,7 +91,7 @@ class Service:
         finally:
             crew.running = False
             crew.runs = None
-            for cycle in self._cycles.values():
+            for cycle in self._all():
                 cycle.stop()
 
     async def _first_load(self) -> dict[str, FleetState] | None:
@@ -114,6 +120,7 @@ class Service:
             cycle.start(None if states is None else states.get(job_id), now)
         if states is None:  # the database did not answer: its ticks end as error meanwhile
             tg.start_soon(self._connect, name="ticklock.connect")
+        tg.start_soon(self._catalog.follow, name="ticklock.schedules")
         tg.start_soon(
             self._coordinator.watch,
             self._owner,
@@ -156,15 +163,20 @@ class Service:
                 logger.error("%s", self._coordinator.explain(exc))
                 await clock.sleep_until(clock.monotonic() + LOAD_RETRY)
         now = clock.now()
-        for job_id, cycle in self._cycles.items():
+        for job_id, cycle in chain(self._cycles.items(), self._catalog.cycles.items()):
             cycle.reload(states.get(job_id), now)
+        self._catalog.poke()
 
     async def _drain(self, runs: Runs) -> None:
         self._crew.running = False
-        for cycle in self._cycles.values():
+        for cycle in self._all():
             cycle.stop()
         await runs.drain(self._shutdown_grace)
         logger.info("scheduler stopped")
+
+    def _all(self) -> Iterator[Cycle]:
+        """Every cycle: the jobs declared in code, and the stored schedules held here."""
+        return chain(self._cycles.values(), self._catalog.cycles.values())
 
     def _declared(self) -> Declared:
         cycles = self._cycles.values()
@@ -172,15 +184,17 @@ class Service:
             tuple(c.job.id for c in cycles if c.job.enabled),
             tuple(c.job.id for c in cycles if not c.job.enabled),
             tuple(c.fingerprint for c in cycles if c.job.enabled),
-            tuple(sorted(c.job.id for c in cycles if c.given_up_at is not None)),
+            tuple(sorted(c.job.id for c in self._all() if c.given_up_at is not None)),
+            tuple(sorted(self._tasks)),
         )
 
     def _apply(self, controls: Mapping[str, Control]) -> None:
         """Hand each job what operators asked of it (paused since, a trigger request)."""
         if not self._crew.running:
             return
-        for job_id, cycle in self._cycles.items():
-            cycle.control(*controls.get(job_id, _NO_CONTROL))
+        for cycle in self._all():
+            cycle.control(*controls.get(cycle.job.id, _NO_CONTROL))
+        self._catalog.poke()
 
     async def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
         """A new view of the live replicas: each waiting job takes its role in it, a chunk of
@@ -190,12 +204,12 @@ class Service:
         view)."""
         if not self._crew.share.update(members, seen) or not self._crew.running:
             return
-        for i, cycle in enumerate(list(self._cycles.values())):
+        for i, cycle in enumerate(list(self._all())):
             if i and not i % VIEW_CHUNK:
                 await anyio.lowlevel.checkpoint()
                 if not self._crew.running:
                     return
-            if cycle.job.enabled:
+            if cycle.job.enabled and cycle.job.task is None:
                 self._disagreement(cycle.job)
             cycle.view_changed()
 

@@ -35,7 +35,7 @@ of rendezvous hashing), and an owner's jobs spread over all the others when it d
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from hashlib import blake2b
 from typing import NamedTuple
@@ -81,6 +81,8 @@ class Member(NamedTuple):
     started_at: datetime
     """When it started (between declarations as many replicas share, the one whose replicas
     started first rules)."""
+    tasks: frozenset[str] = frozenset()
+    """The tasks it has: it may run every stored schedule of them."""
 
 
 class Role(NamedTuple):
@@ -105,8 +107,11 @@ class Share:
     """This replica's view of the live replicas and the jobs each declares, and the role of
     this replica for each job in it."""
 
-    def __init__(self, me: str) -> None:
+    def __init__(self, me: str, task_of: Callable[[str], str | None] = lambda _: None) -> None:
         self.me = me
+        self.task_of = task_of
+        """The task of a stored schedule (``None``: a job declared in code): the replicas
+        that have the task rank for it, in place of those that declare the job."""
         self._members: dict[str, Member] = {}
         self._ranked: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}  # per view
         self._seen: Mapping[str, datetime] = {}  # each other replica's last heartbeat
@@ -129,6 +134,10 @@ class Share:
         self._members = dict(members)
         self._ranked.clear()
         return True
+
+    def forget(self, job_id: str) -> None:
+        """Rank ``job_id`` again when next asked (a stored schedule's task changed)."""
+        self._ranked.pop(job_id, None)
 
     def missed(self, owners: Iterable[str], at: datetime) -> None:
         """``owners`` left a slot open that this replica found open at ``at``: until one of
@@ -168,7 +177,11 @@ class Share:
 
     def _order(self, job_id: str) -> tuple[tuple[str, ...], frozenset[str]]:
         members = self._members
-        declared = {o: m.jobs[job_id] for o, m in members.items() if job_id in m.jobs}
+        task = self.task_of(job_id)
+        if task is not None:  # a stored schedule: one declaration, the records'
+            declared = {o: "" for o, m in members.items() if task in m.tasks}
+        else:
+            declared = {o: m.jobs[job_id] for o, m in members.items() if job_id in m.jobs}
         if not declared:
             return _UNRANKED
         fingerprints = set(declared.values())
@@ -220,10 +233,10 @@ class Share:
         return tuple(sorted(self._rank(job_id)[1]))
 
 
-def owner_of(members: Mapping[str, Member], job_id: str) -> str | None:
+def owner_of(members: Mapping[str, Member], job_id: str, task: str | None = None) -> str | None:
     """The live replica that runs ``job_id``'s next slot, as the replicas rank it (``None``:
-    none declares it)."""
-    share = Share("")
+    none declares it; ``task``: a stored schedule's)."""
+    share = Share("", lambda _: task)
     share.update(members, {})
     ranking = share.ranking(job_id)
     return ranking[0] if ranking else None

@@ -6,9 +6,10 @@ import difflib
 import enum
 import hashlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from typing_extensions import Unpack
@@ -71,6 +72,8 @@ class JobContext:
     namespace: str = "default"
     attempt: int = 1
     """1 for a slot's first attempt, 2 for its first retry, and so on."""
+    args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
+    """A stored schedule's ``args`` (read-only); empty for a job declared in code."""
     _batches: Batches | Callable[[], Batches] | None = field(
         default=None, repr=False, compare=False
     )
@@ -204,6 +207,7 @@ class JobOptions(TypedDict, total=False):
 
 
 _OPTIONS = frozenset(JobOptions.__annotations__)
+_NO_ARGS: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -221,6 +225,13 @@ class Job:
     retry_backoff: float = 10.0
     max_batches: int | None = None
     failure_threshold: int = 1
+    task: str | None = None
+    """The task of a stored schedule (``None``: a job declared in code)."""
+    args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
+    """A stored schedule's args (``ctx.args``); empty for a job declared in code."""
+    tenant: str | None = None
+    version: int | None = None
+    """A stored schedule's version when this replica built the job (``None``: in code)."""
 
     @classmethod
     def declare(

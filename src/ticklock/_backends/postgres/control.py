@@ -201,6 +201,7 @@ class Watch:
                 None if send is None else send.failing,
                 PRUNE,
                 self._fresh,
+                None if send is None else send.tasks,
             )
             assert row is not None  # the statement returns one row
             c.answered(asked, when)  # an outage it ends is recorded below
@@ -235,6 +236,7 @@ class Watch:
             dict(zip(declared.enabled, declared.fingerprints, strict=False)),
             frozenset(declared.failing),
             row["started_at"],
+            frozenset(declared.tasks),
         )
         # what operators asked first, as read: the new view's roles take passes of the loop
         self._apply(
@@ -281,6 +283,7 @@ class Watch:
                     dict(zip(row["jobs"], row["fingerprints"], strict=False)),
                     frozenset(row["failing"]),
                     row["started_at"],
+                    frozenset(row["tasks"]),
                 )
                 known[row["owner"]] = (row["declared_at"], member)
         live = set(owners)

@@ -43,6 +43,7 @@ from . import database
 from .control import Watch
 from .database import Database
 from .fleet import PostgresFleet, from_pool
+from .schedules import PostgresSchedules
 from .sql import Begun, Holder, begin, end_stale_holder
 from .tick import SERVER_GRACE, STALE_GRACE, Tick, limit_ms, storable
 
@@ -165,6 +166,18 @@ class PostgresCoordinator:
             await self._watch.run()
         finally:
             self._watch = None
+
+    @property
+    def schedules(self) -> PostgresSchedules:
+        """The namespace's stored schedules, through this coordinator's pool."""
+        pool = self.db.pool
+        if pool is None:
+            raise SchedulerStateError(
+                "the scheduler is not running: in PostgreSQL mode its schedules are read and "
+                "written through its pool (use them inside 'async with scheduler', or "
+                "'ticklock schedules' from outside the app)"
+            )
+        return PostgresSchedules(from_pool(pool), schema=self.schema, namespace=self.namespace)
 
     def fleet(
         self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]

@@ -43,6 +43,7 @@ from ..._schedule.validate import surrogate
 from ..seam import FUTURE_LIMIT
 from .control import CHANNEL, payload
 from .ledger import LedgerReader
+from .schedules import PostgresSchedules
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -83,8 +84,14 @@ class PostgresFleet:
         s = quote(schema)
         recent = f"seen_at > now() - make_interval(secs => {LIVE:g})"
         live = (
-            "SELECT owner, started_at, jobs, disabled, fingerprints "
+            "SELECT owner, started_at, jobs, disabled, fingerprints, tasks "
             f"FROM {s}.replicas WHERE namespace = $1 AND {recent}"
+        )
+        # a stored schedule is declared by the replicas that have its task
+        stored = (
+            f"SELECT j.job_id, coalesce((j.spec->'options'->>'enabled')::boolean, true) "
+            f"FROM {s}.jobs AS j WHERE j.namespace = $1 AND j.spec ? 'task' "
+            "AND EXISTS (SELECT FROM live WHERE j.spec->>'task' = ANY(live.tasks))"
         )
         # the declaration most live replicas share rules; between as many, the one whose
         # replicas started first (as in ticklock._runtime.sharing)
@@ -92,7 +99,8 @@ class PostgresFleet:
 WITH live AS ({live}), declared AS (
     SELECT job_id, bool_or(enabled) AS enabled FROM (
         SELECT unnest(jobs) AS job_id, true AS enabled FROM live
-        UNION ALL SELECT unnest(disabled), false FROM live) AS d
+        UNION ALL SELECT unnest(disabled), false FROM live
+        UNION ALL {stored}) AS d
     GROUP BY job_id
 ), prints AS (
     SELECT owner, started_at, unnest(jobs) AS job_id, unnest(fingerprints) AS fp FROM live
@@ -111,6 +119,7 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     left(j.last_error, {ERROR_LIMIT}) AS last_error, length(j.last_error) AS error_length,
     j.last_owner,
     j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue, j.spec::text,
+    j.spec->>'task' AS task, j.spec->>'tenant' AS tenant,
     coalesce(greatest(j.last_slot, j.last_end) > now() + make_interval(secs => $2), false)
         AS future,
     EXISTS (SELECT FROM live) AS fleet, d.enabled,
@@ -118,7 +127,8 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     (SELECT ARRAY[r.batches, r.capped::int] FROM {s}.runs AS r
         WHERE r.namespace = $1 AND r.job_id = j.job_id
         ORDER BY r.finished_at DESC LIMIT 1) AS last_run
-FROM (SELECT * FROM {s}.jobs WHERE namespace = $1) AS j FULL JOIN declared AS d USING (job_id)
+FROM (SELECT * FROM {s}.jobs WHERE namespace = $1 AND NOT coalesce(spec ? 'deleted_at', false))
+    AS j FULL JOIN declared AS d USING (job_id)
     LEFT JOIN otherwise AS o USING (job_id)
 ORDER BY job_id"""
         # Reads at most $4 characters of a report and $5 of an error per run (rows recorded
@@ -137,7 +147,7 @@ ORDER BY job_id"""
         self._namespaces = f"SELECT DISTINCT namespace FROM {s}.jobs ORDER BY namespace"
         self._exists = f"SELECT EXISTS (SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2)"
         self._replicas = (
-            "SELECT owner, started_at, seen_at, jobs || disabled AS jobs, failing "
+            "SELECT owner, started_at, seen_at, jobs || disabled AS jobs, failing, tasks "
             f"FROM {s}.replicas "
             f"WHERE namespace = $1 AND {recent} ORDER BY owner"
         )
@@ -168,14 +178,18 @@ ORDER BY job_id"""
             "ORDER BY job_id, at DESC, id DESC"
         )
         self._members = (
-            "SELECT owner, started_at, jobs, fingerprints, failing "
+            "SELECT owner, started_at, jobs, fingerprints, failing, tasks "
             f"FROM {s}.replicas WHERE namespace = $1 AND {recent} AND seen_at > started_at"
         )
         self._ledger = LedgerReader(schema, namespace)
+        task = (
+            f"(SELECT spec->>'task' FROM {s}.jobs WHERE namespace = $1 AND job_id = $2 "
+            "AND spec ? 'task')"
+        )
         self._declared = (
             f"WITH live AS ({live}) SELECT EXISTS (SELECT FROM live), "
-            "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs)), "
-            "EXISTS (SELECT FROM live WHERE $2 = ANY(jobs || disabled))"
+            f"EXISTS (SELECT FROM live WHERE $2 = ANY(jobs) OR {task} = ANY(tasks)), "
+            f"EXISTS (SELECT FROM live WHERE $2 = ANY(jobs || disabled) OR {task} = ANY(tasks))"
         )
         self._forget = (
             f"WITH r AS (DELETE FROM {s}.runs WHERE namespace = $1 AND job_id = $2 RETURNING 1), "
@@ -196,6 +210,7 @@ ORDER BY job_id"""
                 dict(zip(r["jobs"], r["fingerprints"], strict=False)),
                 frozenset(r["failing"]),
                 r["started_at"],
+                frozenset(r["tasks"]),
             )
             for r in live
         }
@@ -203,7 +218,7 @@ ORDER BY job_id"""
         for row in rows:
             job_id = row["job_id"]
             spec = _spec.from_json(None if row["spec"] is None else json.loads(row["spec"]))
-            owner = owner_of(members, job_id)
+            owner = owner_of(members, job_id, row["task"])
             next_due = row["next_due"]
             if next_due is None and spec is not None and row["enabled"]:
                 start = members[owner].started_at if owner is not None else None
@@ -229,9 +244,16 @@ ORDER BY job_id"""
                     owner=owner,
                     builtin=job_id.startswith(BUILTIN),
                     last_action=last.get(job_id),
+                    task=row["task"],
+                    tenant=row["tenant"],
                 )
             )
         return records
+
+    @property
+    def schedules(self) -> PostgresSchedules:
+        """The namespace's stored schedules."""
+        return PostgresSchedules(self._acquire, schema=self.schema, namespace=self.namespace)
 
     async def namespaces(self) -> list[str]:
         """Every namespace with jobs in the schema (for a status that found none)."""
@@ -281,6 +303,7 @@ ORDER BY job_id"""
                 row["seen_at"],
                 tuple(row["jobs"]),
                 tuple(row["failing"]),
+                tuple(row["tasks"]),
             )
             for row in rows
         ]

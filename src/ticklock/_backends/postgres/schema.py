@@ -26,7 +26,7 @@ from ..._schedule.lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 9
+VERSION = 10
 _TABLES = (
     "schema_version",
     "jobs",
@@ -36,6 +36,7 @@ _TABLES = (
     "outages",
     "audit",
     "seals",
+    "schedule_log",
 )
 _MIGRATION_LOCK = "ticklock.migrate"
 LOCK_TIMEOUT_MS = 200
@@ -131,8 +132,18 @@ CREATE TABLE IF NOT EXISTS {s}.replicas (
     declared_at timestamptz NOT NULL DEFAULT now(),
     fingerprints text[] NOT NULL DEFAULT '{{}}',
     failing text[] NOT NULL DEFAULT '{{}}',
+    tasks text[] NOT NULL DEFAULT '{{}}',
     PRIMARY KEY (namespace, owner)
 );""",
+        # the stored schedules' writes, numbered in the order they committed (see .schedules)
+        "schedule_log": f"""
+CREATE TABLE IF NOT EXISTS {s}.schedule_log (
+    seq bigserial PRIMARY KEY,
+    namespace text NOT NULL,
+    schedule_id text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS schedule_log_namespace ON {s}.schedule_log (namespace, seq);""",
         "presence": f"""
 CREATE TABLE IF NOT EXISTS {s}.presence (
     namespace text NOT NULL,
@@ -235,6 +246,9 @@ def upgrades(schema: str) -> dict[int, str]:
         8: f"ALTER TABLE {s}.outages "
         "ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'unreachable', "
         "ADD COLUMN IF NOT EXISTS detail text",
+        # stored schedules: the tasks each replica has (schedule_log comes with migration())
+        9: f"ALTER TABLE {s}.replicas "
+        "ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{}'",
     }
 
 

@@ -35,7 +35,7 @@ class Statements:
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
             "coalesce(j.consecutive_failures, 0), j.failed_slot, "
             "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner, "
-            "j.busy_until, j.batch_cursor::text "
+            "j.busy_until, j.batch_cursor::text, (j.spec->>'version')::int "
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
@@ -90,7 +90,8 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
         )
         columns = (
             "last_slot, last_end, last_success_at, consecutive_failures, failed_slot, "
-            "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text"
+            "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text, "
+            "(spec->>'version')::int"
         )
         self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
         # the jobs' states, and whether a run holds each one's lock ($3: the lock keys; $4:
@@ -111,7 +112,7 @@ WITH advisory AS MATERIALIZED (
     WHERE a.objsubid = 1
         AND (d.until IS NULL OR d.until >= extract(epoch FROM clock_timestamp()))
 )
-SELECT v.id AS job_id, {", ".join("j." + c for c in columns.split(", "))},
+SELECT v.id AS job_id, {", ".join(_qualified(c) for c in columns.split(", "))},
     (EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
         AND low = v.key & 4294967295)
     OR EXISTS (SELECT FROM advisory WHERE objsubid = 1 AND exclusive
@@ -201,13 +202,15 @@ SELECT coalesce((SELECT fence FROM first), (SELECT fence FROM later)), same_tx, 
         # live replicas with when their job lists last changed.
         self.beat = f"""
 WITH beat AS (
-    INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled, fingerprints, failing)
+    INSERT INTO {s}.replicas AS r (namespace, owner, jobs, disabled, fingerprints, failing,
+        tasks)
     VALUES ($1, $2, coalesce($3::text[], '{{}}'), coalesce($4::text[], '{{}}'),
-        coalesce($6::text[], '{{}}'), coalesce($7::text[], '{{}}'))
+        coalesce($6::text[], '{{}}'), coalesce($7::text[], '{{}}'),
+        coalesce($10::text[], '{{}}'))
     ON CONFLICT (namespace, owner) DO UPDATE SET seen_at = now(),
         jobs = coalesce($3::text[], r.jobs), disabled = coalesce($4::text[], r.disabled),
         fingerprints = coalesce($6::text[], r.fingerprints),
-        failing = coalesce($7::text[], r.failing),
+        failing = coalesce($7::text[], r.failing), tasks = coalesce($10::text[], r.tasks),
         declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END,
         started_at = CASE WHEN $9::boolean THEN now() ELSE r.started_at END
     RETURNING xmax = 0 AS inserted, started_at, declared_at, jobs, disabled
@@ -237,7 +240,7 @@ FROM beat,
         array_agg(declared_at ORDER BY owner) AS declared,
         array_agg(seen_at ORDER BY owner) AS seen FROM live) AS l"""
         self.declared = (
-            f"SELECT owner, jobs, fingerprints, failing, started_at, declared_at "
+            f"SELECT owner, jobs, fingerprints, failing, started_at, declared_at, tasks "
             f"FROM {s}.replicas WHERE namespace = $1 AND owner = ANY($2::text[])"
         )
         # a replica that leaves tells the others at once: they take over its jobs
@@ -280,6 +283,11 @@ WITH j AS (
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error,
     manual, batches)
 VALUES ($1, $2, $3, $5, $4, $6, $7, $8, $9, $13)"""
+
+
+def _qualified(column: str) -> str:
+    """A column of :attr:`Statements.load`'s list, of the table aliased ``j``."""
+    return column.replace("(spec", "(j.spec") if column.startswith("(") else "j." + column
 
 
 RESET = (
