@@ -13,6 +13,7 @@ both from the database's clock, so that tests compare them with ``paused_at`` an
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ SCHEMA = os.environ.get("OPS_SCHEMA", "ticklock")
 
 LOG_TABLE = (
     "CREATE TABLE {schema}.log (job text NOT NULL, owner text NOT NULL, slot timestamptz, "
-    "tx timestamptz NOT NULL, started timestamptz NOT NULL)"
+    "tx timestamptz NOT NULL, started timestamptz NOT NULL, args jsonb)"
 )
 """The table the handlers write to; a test creates it before it starts the replicas."""
 HOSTILE_REPORT = "<script>alert(1)</script>"
@@ -158,6 +159,25 @@ if SCENARIO == "secret":
 if SCENARIO.startswith("declared-"):
     # one job whose interval differs between releases: ``declared-1``, ``declared-0.5``
     scheduler.add(logged, every(float(SCENARIO.split("-")[1])), id="j1", overdue_grace=60)
+
+
+if SCENARIO.startswith("tasks"):
+    # stored schedules: the task ``report`` (``tasks``), and also ``digest`` (``tasks+digest``,
+    # the release that adds it); each run logs its schedule's args
+    async def stored(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(
+            f"INSERT INTO {SCHEMA}.log (job, owner, slot, tx, started, args) "
+            "VALUES ($1, $2, $3, now(), clock_timestamp(), $4::text::jsonb)",
+            ctx.job_id,
+            ctx.owner,
+            ctx.slot,
+            json.dumps(dict(ctx.args)),
+        )
+
+    scheduler.task("report")(stored)
+    if SCENARIO == "tasks+digest":
+        scheduler.task("digest")(stored)
 
 
 def create_app() -> FastAPI:

@@ -243,11 +243,18 @@ class MemoryFleet:
             raise KeyError(f"job {job_id!r} was never declared here: its schedule is unknown")
         db = self._db
         now = self._clock.now()
+        stored = db.schedules.get(job_id)
+        task = None if stored is None else stored.task
         presence = [
-            Span(p.owner, p.since, p.until, job_id in p.declared.enabled, p.exact)
+            Span(p.owner, p.since, p.until, job_id in p.declared.enabled or had, p.exact)
             for p in db.presence()
-            if job_id in p.declared.enabled or job_id in p.declared.disabled
+            if (had := task is not None and task in p.declared.tasks)
+            or job_id in p.declared.enabled
+            or job_id in p.declared.disabled
         ]
+        declared_since = min((p.since for p in presence), default=None)
+        if stored is not None and declared_since is not None:  # nothing was owed before it
+            declared_since = max(declared_since, stored.created_at)
         kept = db.history.get(job_id, deque())
         full = kept.maxlen is not None and len(kept) >= kept.maxlen
         reach = since - timedelta(minutes=1)  # as PostgreSQL reads them: those of the window
@@ -260,8 +267,9 @@ class MemoryFleet:
             incidents=list(db.incidents),
             paused_at=(db.states.get(job_id) or FleetState()).paused_at,
             horizon=db.since,
-            declared_since=min((p.since for p in presence), default=None),
+            declared_since=declared_since,
             complete_since=min(r.slot for r in kept if r.slot) if full and kept else None,
+            task=task,
         )
         return await anyio.to_thread.run_sync(account, spec, records, since, until, now, limit)
 

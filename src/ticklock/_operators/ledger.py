@@ -169,6 +169,8 @@ class Records:
     complete_since: datetime | None = None
     """Since when ``runs`` holds every run (a reader that read only the latest ones, or a
     history that keeps only so many): the ledger begins there."""
+    task: str | None = None
+    """A stored schedule's task: the replicas that had it declared the schedule."""
 
 
 def account(
@@ -456,6 +458,8 @@ class _Facts:
             if records.horizon is None or slot < records.horizon:
                 why = "unknown: before the records of live replicas begin (retention)"
                 return Fate.MISSED, why, None
+            if records.task is not None:
+                return Fate.MISSED, f"no live replica has its task {records.task!r}", None
             return Fate.MISSED, "no live replica declared the job", None
         return (
             Fate.MISSED,

@@ -18,6 +18,7 @@ from ..._operators.fleet import Action, RunRecord, SlotRecord
 from ..._operators.ledger import LIMIT, TEXT, UNREACHABLE, Incident, Records, Span, account
 from ..._schedule import spec as _spec
 from ..._schedule.caps import HEAD, MARKER_KEY, MARKER_MAX, cut_text, report_marker
+from ..._schedule.stored import from_json
 from .schema import quote
 
 if TYPE_CHECKING:
@@ -56,14 +57,15 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot < $3
 UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
     ORDER BY finished_at LIMIT 1) AS after)"""
         self._job = f"SELECT now(), spec::text, paused_at FROM {s}.jobs {where}"
+        # a stored schedule's ($5: its task) are the replicas that had its task
+        declared = "($2 = ANY(jobs) OR $2 = ANY(disabled) OR $5 = ANY(tasks))"
         self._presence = (
-            "SELECT owner, since, until, $2 = ANY(jobs) AS enabled, left_at IS NOT NULL AS left "
-            f"FROM {s}.presence "
-            "WHERE namespace = $1 AND ($2 = ANY(jobs) OR $2 = ANY(disabled)) "
+            "SELECT owner, since, until, $2 = ANY(jobs) OR $5 = ANY(tasks) AS enabled, "
+            f"left_at IS NOT NULL AS left FROM {s}.presence WHERE namespace = $1 AND {declared} "
             "AND until >= $3::timestamptz - interval '1 minute' AND since <= $4"
         )
         self._horizon = (
-            f"SELECT min(since), min(since) FILTER (WHERE $2 = ANY(jobs) OR $2 = ANY(disabled)) "
+            f"SELECT min(since), min(since) FILTER (WHERE {declared.replace('$5', '$3')}) "
             f"FROM {s}.presence WHERE namespace = $1"
         )
         self._outages = (
@@ -90,7 +92,10 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
         job = await conn.fetchrow(self._job, ns, job_id)
         if job is None:
             raise KeyError(f"no job {job_id!r} in namespace {ns!r}")
-        spec = _spec.from_json(None if job["spec"] is None else json.loads(job["spec"]))
+        value = None if job["spec"] is None else json.loads(job["spec"])
+        spec = _spec.from_json(value)
+        stored = from_json(job_id, value)
+        task = None if stored is None else stored.task
         if spec is None:
             raise KeyError(
                 f"job {job_id!r} has no schedule recorded: it is written when a replica "
@@ -100,10 +105,15 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
         most = limit * (spec.retries + 2)  # every attempt of each slot, and manual runs
         runs = await conn.fetch(self._runs, ns, job_id, since, until, most)
         inside = [row["slot"] for row in runs if row["inside"]]
-        presence = await conn.fetch(self._presence, ns, job_id, since, until)
+        presence = await conn.fetch(self._presence, ns, job_id, since, until, task)
         outages = await conn.fetch(self._outages, ns, since, until)
         actions = await conn.fetch(self._steering, ns, job_id)
-        horizon, declared_since = await conn.fetchrow(self._horizon, ns, job_id) or (None, None)
+        horizon, declared_since = await conn.fetchrow(self._horizon, ns, job_id, task) or (
+            None,
+            None,
+        )
+        if stored is not None and declared_since is not None:  # nothing was owed before it
+            declared_since = max(declared_since, stored.created_at)
         records = Records(
             runs=[_run(row) for row in runs],
             actions=[Action(*row) for row in actions],
@@ -125,6 +135,7 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
             declared_since=declared_since,
             # only the latest runs were read: the ledger begins with them
             complete_since=min(inside) if len(inside) >= most else None,
+            task=task,
         )
         # a long window walks many fires: off the event loop
         return await anyio.to_thread.run_sync(

@@ -154,6 +154,7 @@ CREATE TABLE IF NOT EXISTS {s}.presence (
     jobs text[] NOT NULL,
     disabled text[] NOT NULL,
     left_at timestamptz,
+    tasks text[] NOT NULL DEFAULT '{{}}',
     PRIMARY KEY (namespace, owner, started_at, since)
 );
 CREATE INDEX IF NOT EXISTS presence_until ON {s}.presence (namespace, until);""",
@@ -248,7 +249,8 @@ def upgrades(schema: str) -> dict[int, str]:
         "ADD COLUMN IF NOT EXISTS detail text",
         # stored schedules: the tasks each replica has (schedule_log comes with migration())
         9: f"ALTER TABLE {s}.replicas "
-        "ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{}'",
+        "ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{}'; "
+        f"ALTER TABLE {s}.presence ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{{}}'",
     }
 
 

@@ -213,10 +213,11 @@ WITH beat AS (
         failing = coalesce($7::text[], r.failing), tasks = coalesce($10::text[], r.tasks),
         declared_at = CASE WHEN $3::text[] IS NULL THEN r.declared_at ELSE now() END,
         started_at = CASE WHEN $9::boolean THEN now() ELSE r.started_at END
-    RETURNING xmax = 0 AS inserted, started_at, declared_at, jobs, disabled
+    RETURNING xmax = 0 AS inserted, started_at, declared_at, jobs, disabled, tasks
 ), present AS (
-    INSERT INTO {s}.presence AS p (namespace, owner, started_at, since, until, jobs, disabled)
-    SELECT $1, $2, started_at, declared_at, now(), jobs, disabled FROM beat
+    INSERT INTO {s}.presence AS p (namespace, owner, started_at, since, until, jobs, disabled,
+        tasks)
+    SELECT $1, $2, started_at, declared_at, now(), jobs, disabled, tasks FROM beat
     ON CONFLICT (namespace, owner, started_at, since) DO UPDATE SET until = now()
 ), pruned AS (
     DELETE FROM {s}.replicas WHERE namespace = $1 AND owner <> $2

@@ -1,0 +1,153 @@
+"""Schedules as data on PostgreSQL, with real replica processes (``ops_app``'s ``tasks``
+scenarios): edits and deletes obeyed fleet-wide, a rolling deploy that adds a task, and a
+schedule whose task no live replica has."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import Replicas, eventually
+from ticklock import ScheduleError, Scheduler, every
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@asynccontextmanager
+async def writer(dsn: str, schema: str) -> AsyncIterator[Scheduler]:
+    """A scheduler of the test's own, with no jobs or tasks: it writes schedules."""
+    scheduler = Scheduler(dsn, schema=schema, owner="writer", shutdown_grace=1)
+    async with scheduler:
+        yield scheduler
+
+
+async def live_tasks(scheduler: Scheduler, owners: set[str], task: str) -> None:
+    async def seen() -> bool:
+        replicas = await scheduler.fleet.replicas()
+        return owners <= {r.owner for r in replicas if task in r.tasks}
+
+    await eventually(seen, 30, f"{owners} live with task {task!r}")
+
+
+async def rows(conn: Any, schema: str, ids: list[str]) -> list[Any]:
+    return list(
+        await conn.fetch(
+            f"SELECT job, owner, slot, tx, args::text FROM {schema}.log WHERE job = ANY($1) "
+            "ORDER BY tx",
+            ids,
+        )
+    )
+
+
+async def test_an_edit_and_a_delete_are_obeyed_by_every_replica(
+    ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    for owner in ("r1", "r2"):
+        ops.start(owner, "tasks")
+    ids = [f"tenant-{i}:report" for i in range(12)]
+    async with writer(pg_dsn, pg_schema) as w:
+        await live_tasks(w, {"r1", "r2"}, "report")
+        for i, sid in enumerate(ids):
+            await w.schedules.put(
+                sid, task="report", trigger=every(0.4), args={"v": 1}, tenant=f"t{i % 3}"
+            )
+
+        async def ran(version: int, owners: set[str]) -> bool:
+            found = [
+                r for r in await rows(pg_conn, pg_schema, ids) if json.loads(r[4]) == {"v": version}
+            ]
+            return {r[0] for r in found} == set(ids) and {r[1] for r in found} == owners
+
+        await eventually(lambda: ran(1, {"r1", "r2"}), 30, "every schedule ran on its owner")
+        for i, sid in enumerate(ids):
+            edited = await w.schedules.put(
+                sid, task="report", trigger=every(0.4), args={"v": 2}, tenant=f"t{i % 3}"
+            )
+            assert edited.version == 2
+        edited_at: datetime = await pg_conn.fetchval("SELECT now()")
+        # every replica runs the new definition (both own some of the schedules)
+        await eventually(lambda: ran(2, {"r1", "r2"}), 30, "the edit was obeyed")
+        t1 = [await w.schedules.get(sid) for sid in sorted(ids[1::3])]  # by id, as text
+        assert await w.schedules.list(tenant="t1", limit=1000) == t1
+        deleted = ids[:6]
+        for sid in deleted:
+            assert await w.schedules.delete(sid, note="churned")
+        deleted_at: datetime = await pg_conn.fetchval("SELECT now()")
+        await anyio.sleep(2)
+        after = await rows(pg_conn, pg_schema, ids)
+        # no tick of the old definition began after the edit committed, whichever replica
+        # had heard of it: the version is checked under the lock
+        stale = [r for r in after if json.loads(r[4]) == {"v": 1} and r[3] > edited_at]
+        assert stale == []
+        # and none of a deleted schedule after the delete, while the others run on
+        assert [r for r in after if r[0] in deleted and r[3] > deleted_at] == []
+        late = {r[0] for r in after if r[3] > deleted_at + timedelta(seconds=1)}
+        assert late == set(ids[6:])
+        # no slot twice
+        slots = Counter((r[0], r[2]) for r in after)
+        assert max(slots.values()) == 1
+        jobs = {j.job_id: j for j in await w.fleet.jobs()}
+        assert set(ids[6:]) <= jobs.keys() and not set(deleted) & jobs.keys()
+        assert {jobs[sid].owner for sid in ids[6:]} <= {"r1", "r2"}
+        assert jobs[ids[6]].task == "report"
+        audit = [(a.action, a.note) for a in await w.fleet.audit(ids[0])]
+        assert audit == [("delete", "churned"), ("put", None), ("put", None)]
+        history = await w.fleet.history(ids[0])
+        assert history and {r.outcome for r in history} == {"success"}
+
+
+async def test_a_rolling_deploy_that_adds_a_task(
+    ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    ops.start("old", "tasks")
+    async with writer(pg_dsn, pg_schema) as w:
+        await live_tasks(w, {"old"}, "report")
+        with pytest.raises(ScheduleError, match="task 'digest' is not declared") as caught:
+            await w.schedules.put("acme:digest", task="digest", trigger=every(0.5))
+        assert caught.value.field == "task"
+        await w.schedules.put("acme:report", task="report", trigger=every(0.5))
+        ops.start("new", "tasks+digest")  # the release with the new task joins
+        await live_tasks(w, {"new"}, "digest")
+        await w.schedules.put("acme:digest", task="digest", trigger=every(0.5), args={"d": 1})
+
+        async def digested() -> bool:
+            return len(await rows(pg_conn, pg_schema, ["acme:digest"])) >= 3
+
+        await eventually(digested, 30, "the new task's schedule ran")
+        found = await rows(pg_conn, pg_schema, ["acme:digest", "acme:report"])
+        assert {r[1] for r in found if r[0] == "acme:digest"} == {"new"}  # only it has the task
+        assert {r[0] for r in found} == {"acme:digest", "acme:report"}
+        assert ops.stop("old") == 0 and ops.stop("new") == 0
+
+
+async def test_a_schedule_whose_task_no_live_replica_has_is_missed_with_that_reason(
+    ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    ops.start("with", "tasks+digest")
+    async with writer(pg_dsn, pg_schema) as w:
+        await live_tasks(w, {"with"}, "digest")
+        await w.schedules.put("orphan", task="digest", trigger=every(1))
+
+        async def ran() -> bool:
+            return bool(await rows(pg_conn, pg_schema, ["orphan"]))
+
+        await eventually(ran, 30, "the schedule ran")
+        assert ops.stop("with") == 0  # the release that had the task is rolled back
+        ops.start("without", "tasks")
+        await live_tasks(w, {"without"}, "report")
+        since: datetime = await pg_conn.fetchval("SELECT now()")
+        await anyio.sleep(4)
+        until: datetime = await pg_conn.fetchval("SELECT now()")
+        jobs = {j.job_id: j for j in await w.fleet.jobs()}
+        assert (jobs["orphan"].task, jobs["orphan"].owner) == ("digest", None)
+        slots = await w.fleet.slots("orphan", since, until)
+        missed = [s for s in slots if s.fate.value == "missed"]
+        assert missed, slots
+        assert {s.reason for s in missed} == {"no live replica has its task 'digest'"}, slots
