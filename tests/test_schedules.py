@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -269,3 +269,46 @@ def test_schedule_is_exported_with_its_fields() -> None:
         "created_at",
         "updated_at",
     ]
+
+
+@pytest.mark.anyio
+async def test_a_replica_holds_only_the_schedules_due_within_the_horizon() -> None:
+    # 600 daily schedules, one a minute from midnight, and one that runs every 10 s
+    start = T0 - timedelta(seconds=20)
+    clock, ran = ManualClock(start), Ran()
+    scheduler = replica(None, clock, "a", ran)
+    for i in range(600):
+        trigger = cron(f"{i % 60} {i // 60} * * *")
+        await scheduler.schedules.put(f"daily-{i:03}", task="report", trigger=trigger)
+    await scheduler.schedules.put("often", task="report", trigger=every(10))
+    held = []
+    async with scheduler:
+        for _ in range(40):  # 20 minutes
+            await clock.advance(30)
+            held.append(len(scheduler.health()))
+        # a schedule held nowhere yet runs when triggered
+        await scheduler.fleet.trigger("daily-599", "now, please")
+        await clock.advance(1)
+    daily = [(job, slot) for _, job, slot, _ in ran if job.startswith("daily-")]
+    # each daily schedule due in those 20 minutes ran once, at its minute
+    expected = [(f"daily-{i:03}", T0 + timedelta(minutes=i)) for i in range(20)]
+    assert sorted(daily)[:20] == expected
+    assert [job for job, _ in daily if job == "daily-599"] == ["daily-599"]
+    assert len(daily) == 21
+    assert len(seconds(ran, "often")) >= 115
+    # what it held: the schedules due within a minute, never the 600
+    assert max(held) <= 6, held
+
+
+@pytest.mark.anyio
+async def test_an_edited_cron_schedule_owes_no_fire_of_its_new_trigger_before_the_edit() -> None:
+    clock, ran = ManualClock(T0), Ran()
+    scheduler = replica(None, clock, "a", ran)
+    await scheduler.schedules.put("s", task="report", trigger=cron("0 * * * *"))
+    async with scheduler:
+        await clock.advance(105 * 60)  # ran at 01:00
+        # at 01:45, moved to the half hours: 01:30 passed unrun under the new trigger, and
+        # is not owed (catch_up would run it at once): the next fire is 02:30
+        await scheduler.schedules.put("s", task="report", trigger=cron("30 * * * *"))
+        await clock.advance(60 * 60)
+    assert seconds(ran, "s") == [3600, 9000]

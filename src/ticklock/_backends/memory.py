@@ -25,7 +25,7 @@ import anyio
 from .._errors import SlotAlreadyCommitted
 from .._operators.fleet import Action, Fleet, Replica
 from .._operators.ledger import STALLED, Incident
-from .._runtime.clock import Clock
+from .._runtime.clock import Clock, until
 from .._runtime.sharing import LIVE, Member
 from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint
 from .._schedule.stored import Schedule
@@ -346,19 +346,6 @@ class _MemoryAttempt:
         self.acquired = False
 
 
-async def _until(event: anyio.Event, clock: Clock, deadline: float) -> None:
-    """Wait until ``event`` is set or the ``clock`` reaches ``deadline`` (monotonic)."""
-    async with anyio.create_task_group() as tg:
-
-        async def sleep() -> None:
-            await clock.sleep_until(deadline)
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(sleep)
-        await event.wait()
-        tg.cancel_scope.cancel()
-
-
 class MemoryCoordinator:
     """One replica's coordination through a :class:`MemoryDatabase`."""
 
@@ -444,7 +431,7 @@ class MemoryCoordinator:
                     await live.poked.wait()
                 else:  # a replica stopped beating: look again when it goes stale
                     wait = max(0.0, (stale_at - clock.now()).total_seconds())
-                    await _until(live.poked, clock, clock.monotonic() + wait)
+                    await until(live.poked, clock, clock.monotonic() + wait)
         finally:
             if db._live.get(owner) is live and owner not in db._killed:  # the dead never leave
                 db.depart(owner, clock.now())

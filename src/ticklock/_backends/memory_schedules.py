@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .._operators.fleet import Action
 from .._runtime.clock import Clock
+from .._runtime.plan import first
 from .._schedule.stored import Definition, Schedule, declared_in_code, unknown_task
 from .seam import FleetState
 
@@ -104,13 +106,26 @@ class MemorySchedules:
         log = self._db.schedule_log
         return len(log), list(dict.fromkeys(log[since:]))
 
-    async def read(self, tasks: Collection[str], ids: Collection[str] | None) -> list[Schedule]:
-        """The schedules of ``tasks`` (among ``ids``)."""
+    async def read(self, tasks: Collection[str], ids: Collection[str]) -> list[Schedule]:
+        """The schedules of ``tasks`` among ``ids``."""
         schedules = self._db.schedules
-        chosen = (
-            schedules.values() if ids is None else (schedules[i] for i in ids if i in schedules)
-        )
+        chosen = (schedules[i] for i in ids if i in schedules)
         return [s for s in chosen if s.task in tasks]
+
+    async def due(
+        self, tasks: Collection[str], now: datetime, until: datetime, limit: int
+    ) -> list[Schedule]:
+        """The schedules of ``tasks`` due by ``until`` (their next slot, computed here)."""
+        db, found = self._db, []
+        for s in db.schedules.values():
+            state = db.states.get(s.id) or FleetState()
+            if s.task not in tasks or state.paused_at is not None:
+                continue
+            job = replace(db.declared[s.id], defined_at=s.updated_at)
+            due = state.trigger_at or first(job, state, now)
+            if due is not None and due <= until:
+                found.append((due, s.id, s))
+        return [s for *_, s in sorted(found)[:limit]]
 
     def _written(self, schedule_id: str, action: str, who: str, note: str | None) -> None:
         db = self._db

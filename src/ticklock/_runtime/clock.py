@@ -42,3 +42,16 @@ class SystemClock:
         if math.isinf(deadline):
             await anyio.sleep_forever()
         await anyio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+async def until(event: anyio.Event, clock: Clock, deadline: float) -> None:
+    """Wait until ``event`` is set or the ``clock`` reaches ``deadline`` (monotonic)."""
+    async with anyio.create_task_group() as tg:
+
+        async def sleep() -> None:
+            await clock.sleep_until(deadline)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(sleep)
+        await event.wait()
+        tg.cancel_scope.cancel()

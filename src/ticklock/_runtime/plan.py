@@ -171,7 +171,10 @@ def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
         if isinstance(trigger, Every):
             return now + timedelta(seconds=trigger.initial_delay)
         return trigger.next_fire(now)
-    due = after(trigger, since(trigger, state.last_end, state.last_slot))
+    base = since(trigger, state.last_end, state.last_slot)
+    if job.defined_at is not None and isinstance(trigger, Cron) and base < job.defined_at:
+        base = job.defined_at  # an edited schedule owes no fire of its new trigger before it
+    due = after(trigger, base)
     if due is None or due > now or (job.catch_up and isinstance(trigger, Every)):
         return due
     if isinstance(trigger, Every):

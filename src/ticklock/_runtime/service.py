@@ -165,7 +165,7 @@ class Service:
         now = clock.now()
         for job_id, cycle in chain(self._cycles.items(), self._catalog.cycles.items()):
             cycle.reload(states.get(job_id), now)
-        self._catalog.poke()
+        self._catalog.wake()
 
     async def _drain(self, runs: Runs) -> None:
         self._crew.running = False
@@ -194,7 +194,7 @@ class Service:
             return
         for cycle in self._all():
             cycle.control(*controls.get(cycle.job.id, _NO_CONTROL))
-        self._catalog.poke()
+        self._catalog.beat(controls)
 
     async def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
         """A new view of the live replicas: each waiting job takes its role in it, a chunk of

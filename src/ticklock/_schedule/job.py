@@ -232,6 +232,8 @@ class Job:
     tenant: str | None = None
     version: int | None = None
     """A stored schedule's version when this replica built the job (``None``: in code)."""
+    defined_at: datetime | None = None
+    """When a stored schedule's definition was written: no cron fire before it is owed."""
 
     @classmethod
     def declare(

@@ -203,6 +203,7 @@ def job_of(schedule: Schedule, handler: Handler) -> Job:
         args=schedule.args,
         tenant=schedule.tenant,
         version=schedule.version,
+        defined_at=schedule.updated_at,
     )
 
 
@@ -266,6 +267,13 @@ class ScheduleStore(Protocol):
         """The number of the last write, and the ids written after write ``since``."""
         ...
 
-    async def read(self, tasks: Collection[str], ids: Collection[str] | None) -> list[Schedule]:
-        """The schedules of ``tasks`` (among ``ids``; ``None``: all of them)."""
+    async def read(self, tasks: Collection[str], ids: Collection[str]) -> list[Schedule]:
+        """The schedules of ``tasks`` among ``ids``."""
+        ...
+
+    async def due(
+        self, tasks: Collection[str], now: datetime, until: datetime, limit: int
+    ) -> list[Schedule]:
+        """Up to ``limit`` schedules of ``tasks`` due by ``until`` (their next slot, as the
+        records say at ``now``, or a trigger request), not paused, soonest first."""
         ...

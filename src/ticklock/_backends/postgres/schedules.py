@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
+from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..._runtime.plan import overdue_at
+from ..._runtime.plan import first, overdue_at
 from ..._runtime.sharing import LIVE
 from ..._schedule.lock_key import lock_key
 from ..._schedule.stored import (
@@ -27,6 +29,7 @@ from ..._schedule.stored import (
     to_json,
     unknown_task,
 )
+from ..seam import FleetState
 from .control import CHANNEL, payload
 from .schema import quote
 
@@ -53,13 +56,14 @@ class PostgresSchedules:
             f"coalesce(bool_or($3 = ANY(tasks)), false) FROM {s}.replicas WHERE {live}"
         )
         self._row = (
-            f"SELECT spec::text, last_end FROM {s}.jobs "
+            f"SELECT spec::text, last_end, last_slot FROM {s}.jobs "
             "WHERE namespace = $1 AND job_id = $2 FOR UPDATE"
         )
         self._write = (
-            f"INSERT INTO {s}.jobs AS j (namespace, job_id, spec, overdue_at) "
-            "VALUES ($1, $2, $3::text::jsonb, $4) ON CONFLICT (namespace, job_id) DO UPDATE "
-            "SET spec = EXCLUDED.spec, overdue_at = EXCLUDED.overdue_at, next_due = NULL"
+            f"INSERT INTO {s}.jobs AS j (namespace, job_id, spec, overdue_at, next_due) "
+            "VALUES ($1, $2, $3::text::jsonb, $4, $5) ON CONFLICT (namespace, job_id) DO UPDATE "
+            "SET spec = EXCLUDED.spec, overdue_at = EXCLUDED.overdue_at, "
+            "next_due = EXCLUDED.next_due"
         )
         self._bury = (
             f"UPDATE {s}.jobs SET spec = $3::text::jsonb, paused_at = NULL, trigger_at = NULL, "
@@ -86,7 +90,14 @@ class PostgresSchedules:
         )
         self._read = (
             f"SELECT job_id, spec::text FROM {s}.jobs WHERE namespace = $1 AND {stored} "
-            "AND spec->>'task' = ANY($2::text[]) AND ($3::text[] IS NULL OR job_id = ANY($3))"
+            "AND spec->>'task' = ANY($2::text[]) AND job_id = ANY($3::text[])"
+        )
+        # by the next slot the last run or write recorded (see .schema's jobs_due index)
+        self._due = (
+            f"SELECT job_id, spec::text FROM {s}.jobs WHERE namespace = $1 AND {stored} "
+            "AND spec->>'task' = ANY($2::text[]) AND paused_at IS NULL "
+            "AND (next_due <= $3 OR next_due IS NULL OR trigger_at IS NOT NULL) "
+            "ORDER BY next_due NULLS FIRST LIMIT $4"
         )
 
     async def put(
@@ -118,9 +129,11 @@ class PostgresSchedules:
                 version = int((spec or {}).get("last_version", 0)) + 1
                 created = now
             value = to_json(definition, version, created, now)
-            last_end = None if row is None else row[1]
-            due = overdue_at(definition.job, last_end or now)
-            await conn.execute(self._write, ns, sid, json.dumps(value), due)
+            state = FleetState() if row is None else FleetState(last_end=row[1], last_slot=row[2])
+            job = replace(definition.job, defined_at=now)
+            alarm = overdue_at(job, state.last_end or now)
+            nxt = first(job, state, now)
+            await conn.execute(self._write, ns, sid, json.dumps(value), alarm, nxt)
             await self._written(conn, sid, "put", who, note)
         schedule = from_json(sid, value)
         assert schedule is not None
@@ -162,11 +175,18 @@ class PostgresSchedules:
         assert row is not None
         return int(row[0]), list(row[1])
 
-    async def read(self, tasks: Collection[str], ids: Collection[str] | None) -> list[Schedule]:
-        """The schedules of ``tasks`` (among ``ids``)."""
-        chosen = None if ids is None else list(ids)
+    async def read(self, tasks: Collection[str], ids: Collection[str]) -> list[Schedule]:
+        """The schedules of ``tasks`` among ``ids``."""
         async with self._acquire() as conn:
-            rows = await conn.fetch(self._read, self._namespace, list(tasks), chosen)
+            rows = await conn.fetch(self._read, self._namespace, list(tasks), list(ids))
+        return _schedules(rows)
+
+    async def due(
+        self, tasks: Collection[str], now: datetime, until: datetime, limit: int
+    ) -> list[Schedule]:
+        """The schedules of ``tasks`` due by ``until``, by ``jobs.next_due``."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(self._due, self._namespace, list(tasks), until, limit)
         return _schedules(rows)
 
     def _key(self) -> int:

@@ -102,7 +102,10 @@ CREATE TABLE IF NOT EXISTS {s}.jobs (
     PRIMARY KEY (namespace, job_id)
 );
 CREATE INDEX IF NOT EXISTS jobs_steered ON {s}.jobs (namespace)
-    WHERE paused_at IS NOT NULL OR trigger_at IS NOT NULL;""",
+    WHERE paused_at IS NOT NULL OR trigger_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_due ON {s}.jobs (namespace, next_due) WHERE spec ? 'task';
+CREATE INDEX IF NOT EXISTS jobs_tenant ON {s}.jobs (namespace, (spec->>'tenant'), job_id)
+    WHERE spec ? 'task';""",
         "runs": f"""
 CREATE TABLE IF NOT EXISTS {s}.runs (
     id bigserial PRIMARY KEY,
@@ -250,7 +253,11 @@ def upgrades(schema: str) -> dict[int, str]:
         # stored schedules: the tasks each replica has (schedule_log comes with migration())
         9: f"ALTER TABLE {s}.replicas "
         "ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{}'; "
-        f"ALTER TABLE {s}.presence ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{{}}'",
+        f"ALTER TABLE {s}.presence ADD COLUMN IF NOT EXISTS tasks text[] NOT NULL DEFAULT '{{}}'; "
+        f"CREATE INDEX IF NOT EXISTS jobs_due ON {s}.jobs (namespace, next_due) "
+        "WHERE spec ? 'task'; "
+        f"CREATE INDEX IF NOT EXISTS jobs_tenant ON {s}.jobs "
+        "(namespace, (spec->>'tenant'), job_id) WHERE spec ? 'task'",
     }
 
 
