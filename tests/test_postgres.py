@@ -507,6 +507,7 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
         "presence",
         "replicas",
         "runs",
+        "schedule_log",
         "schema_version",
         "seals",
     ]

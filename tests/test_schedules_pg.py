@@ -151,3 +151,36 @@ async def test_a_schedule_whose_task_no_live_replica_has_is_missed_with_that_rea
         missed = [s for s in slots if s.fate.value == "missed"]
         assert missed, slots
         assert {s.reason for s in missed} == {"no live replica has its task 'digest'"}, slots
+
+
+async def test_retention_prunes_old_writes_but_the_last_and_old_deleted_schedules(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    from ticklock import JobContext, Outcome
+
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, retention=timedelta(days=1))
+
+    @scheduler.task("report")
+    async def report(ctx: JobContext) -> None: ...
+
+    s = pg_schema
+    async with scheduler:
+        for sid in ("gone-long-ago", "gone-now", "kept"):
+            await scheduler.schedules.put(sid, task="report", trigger=every(3600))
+        await scheduler.schedules.delete("gone-long-ago")
+        await scheduler.schedules.delete("gone-now")
+        # the first delete and the writes before it happened three days ago
+        await pg_conn.execute(
+            f"UPDATE {s}.jobs SET spec = jsonb_set(spec, '{{deleted_at}}', "
+            "to_jsonb((now() - interval '3 days')::text)) WHERE job_id = 'gone-long-ago'; "
+            f"UPDATE {s}.schedule_log SET at = now() - interval '3 days'"
+        )
+        last = await pg_conn.fetchval(f"SELECT max(seq) FROM {s}.schedule_log")
+        assert (await scheduler.run_now("ticklock.retention")).outcome is Outcome.SUCCESS
+        ids = {r[0] for r in await pg_conn.fetch(f"SELECT job_id FROM {s}.jobs")}
+        assert {"gone-now", "kept"} <= ids and "gone-long-ago" not in ids
+        log = [r[0] for r in await pg_conn.fetch(f"SELECT seq FROM {s}.schedule_log")]
+        assert log == [last]  # the replicas' mark stays
+        # a write after the prune is followed as any
+        await scheduler.schedules.put("new", task="report", trigger=every(3600))
+        assert [s.id for s in await scheduler.schedules.list()] == ["kept", "new"]

@@ -12,8 +12,9 @@ if TYPE_CHECKING:
 
 
 class Retention:
-    """The built-in job ``ticklock.retention``: deletes run records older than ``keep``, and
-    the ledger's records (presence, outages, the audit log) that ended before then.
+    """The built-in job ``ticklock.retention``: deletes run records older than ``keep``, the
+    ledger's records (presence, outages, the audit log) that ended before then, the stored
+    schedules' log of writes (but the last), and the rows of schedules deleted before then.
 
     It runs every minute and deletes at most :attr:`BATCH` rows a run, so that a tick stays
     short (about 0.3 s for a full batch on the benchmarks' machine) and still keeps up with
@@ -36,7 +37,15 @@ class Retention:
             f"SELECT id FROM {s}.runs WHERE {old.format('finished_at')} LIMIT {self.BATCH}) "
             f"RETURNING 1), p AS (DELETE FROM {s}.presence WHERE {old.format('until')}), "
             f"o AS (DELETE FROM {s}.outages WHERE {old.format('until')}), "
-            f"a AS (DELETE FROM {s}.audit WHERE {old.format('at')}) "
+            f"a AS (DELETE FROM {s}.audit WHERE {old.format('at')}), "
+            # the stored schedules' writes, but the last (its number is the replicas' mark),
+            # and the rows of schedules deleted before then, whose runs are gone with them
+            f"l AS (DELETE FROM {s}.schedule_log WHERE {old.format('at')} AND seq < "
+            f"(SELECT max(seq) FROM {s}.schedule_log WHERE namespace = $1)), "
+            f"t AS (DELETE FROM {s}.jobs AS j WHERE namespace = $1 AND spec ? 'deleted_at' "
+            "AND (spec->>'deleted_at')::timestamptz < now() - make_interval(secs => $2) "
+            f"AND NOT EXISTS (SELECT FROM {s}.runs AS r "
+            "WHERE r.namespace = $1 AND r.job_id = j.job_id)) "
             "SELECT count(*) FROM d"
         )
         self._namespace = namespace
