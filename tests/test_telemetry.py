@@ -250,8 +250,10 @@ async def test_a_logged_traceback_starts_at_the_handler_and_an_every_slot_at_the
     # the machinery that called the handler
     exc = line.exc_info[1]
     assert exc is not None and exc.__traceback__ is not None
-    assert exc.__traceback__.tb_frame.f_code.co_filename.endswith(f"ticklock{os.sep}_runner.py")
+    assert exc.__traceback__.tb_frame.f_code.co_filename.endswith(
+        os.path.join("ticklock", "_runtime", "runner.py")
+    )
     (span,) = otel.finished("bad")
     (event,) = span.events
     stack = str((event.attributes or {})["exception.stacktrace"])
-    assert "_runner.py" in stack and "_fails_deeper" in stack
+    assert "runner.py" in stack and "_fails_deeper" in stack
