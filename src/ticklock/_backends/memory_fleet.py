@@ -28,8 +28,7 @@ from .._runtime.sharing import Member, owner_of
 from .._schedule import spec as _spec
 from .._schedule.caps import cut_text, shorten_report
 from .._schedule.job import Job, JobHealth, Outcome, RunResult
-from .._schedule.stored import Schedule, ScheduleStore
-from .memory_schedules import MemorySchedules
+from .._schedule.stored import Schedule
 from .seam import Declared, FleetState
 
 
@@ -96,11 +95,6 @@ class MemoryFleet:
         self._clock = clock
         self._jobs = jobs
         self._health = health
-
-    @property
-    def schedules(self) -> ScheduleStore:
-        """The database's stored schedules."""
-        return MemorySchedules(self._db, self._clock)  # type: ignore[arg-type]
 
     def _declared(self) -> tuple[set[str], set[str]]:
         """The ids declared here or by a live replica: enabled by one, and only disabled."""

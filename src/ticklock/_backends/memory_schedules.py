@@ -3,25 +3,43 @@ them: beside the jobs' states, with versions, an audit and a numbered log of the
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .._operators.fleet import Action
 from .._runtime.clock import Clock
 from .._runtime.plan import first
+from .._schedule.job import Job
 from .._schedule.stored import Definition, Schedule, declared_in_code, unknown_task
-from .seam import FleetState
+from .seam import Declared, FleetState
 
-if TYPE_CHECKING:
-    from .memory import MemoryDatabase
+
+class Records(Protocol):
+    """What the stored schedules read and write of a ``MemoryDatabase``."""
+
+    schedules: dict[str, Schedule]
+    deleted: dict[str, int]
+    schedule_log: list[str]
+    states: dict[str, FleetState]
+    declared: dict[str, Job]
+    actions: deque[Action]
+
+    def declarations(self) -> list[Declared]:
+        """What each live replica declares."""
+        ...
+
+    def changed(self) -> None:
+        """Make every live replica's watch look again."""
+        ...
 
 
 class MemorySchedules:
     """The stored schedules of one :class:`~ticklock.testing.MemoryDatabase`."""
 
-    def __init__(self, db: MemoryDatabase, clock: Clock) -> None:
+    def __init__(self, db: Records, clock: Clock) -> None:
         self._db = db
         self._clock = clock
 

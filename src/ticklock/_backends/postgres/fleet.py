@@ -9,8 +9,8 @@ lock, so an operation made here reaches the whole fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,13 +43,11 @@ from ..._schedule.validate import surrogate
 from ..seam import FUTURE_LIMIT
 from .control import CHANNEL, payload
 from .ledger import LedgerReader
-from .schedules import PostgresSchedules
+from .schedules import Acquire, PostgresSchedules
 from .schema import quote
 
 if TYPE_CHECKING:
     import asyncpg
-
-Acquire = Callable[[], AbstractAsyncContextManager["asyncpg.Connection[Any]"]]
 
 
 def from_pool(pool: asyncpg.Pool[Any]) -> Acquire:

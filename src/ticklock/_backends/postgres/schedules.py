@@ -13,7 +13,8 @@ prunes both.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,10 @@ from .control import CHANNEL, payload
 from .schema import quote
 
 if TYPE_CHECKING:
-    from .fleet import Acquire
+    import asyncpg
+
+Acquire = Callable[[], AbstractAsyncContextManager["asyncpg.Connection[Any]"]]
+"""Lends a connection for one statement or transaction (a pool's, or the CLI's one)."""
 
 _WRITES = "ticklock.schedules"
 """The advisory lock (with the namespace) that orders the writes of a namespace."""
