@@ -312,3 +312,22 @@ async def test_an_edited_cron_schedule_owes_no_fire_of_its_new_trigger_before_th
         await scheduler.schedules.put("s", task="report", trigger=cron("30 * * * *"))
         await clock.advance(60 * 60)
     assert seconds(ran, "s") == [3600, 9000]
+
+
+@pytest.mark.anyio
+async def test_a_stored_schedule_this_release_refuses_is_logged_once_and_the_others_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, db, ran = ManualClock(T0), MemoryDatabase(), Ran()
+    scheduler = replica(db, clock, "a", ran)
+    good = await scheduler.schedules.put("good", task="report", trigger=every(10))
+    bad = await scheduler.schedules.put("bad", task="report", trigger=every(10))
+    # as another release could have written it: a timeout this one refuses
+    db.schedules["bad"] = replace(bad, options={"timeout": 30.0}, version=2)
+    async with scheduler:
+        await clock.advance(95)
+    assert len(seconds(ran, "good")) == 10 and seconds(ran, "bad") == []
+    refused = [r for r in caplog.records if "'bad' cannot run here" in r.getMessage()]
+    assert len(refused) == 1, refused
+    assert "timeout (30 s) must be shorter than the interval" in refused[0].getMessage()
+    assert good.version == 1

@@ -55,6 +55,7 @@ class Catalog:
         self._steered: set[str] = set()  # triggered: held here whatever their next slot
         self._paused: set[str] = set()  # paused at the last beat
         self._pending: set[str] = set()  # triggered or resumed: to build if not held
+        self._refused: dict[str, int] = {}  # the version of each schedule refused here
 
     def task_of(self, job_id: str) -> str | None:
         """The task of the stored schedule ``job_id`` this replica runs (``None``: none)."""
@@ -94,7 +95,10 @@ class Catalog:
                 pending, self._pending = self._pending, set()
                 await self._build([i for i in pending if i not in self.cycles])
             except Exception as exc:
-                logger.debug("reading the stored schedules failed: %s", exc)
+                if self._crew.coordinator.classify(exc) is None:  # not an outage: say so
+                    logger.warning("reading the stored schedules failed", exc_info=True)
+                else:
+                    logger.debug("reading the stored schedules failed: %s", exc)
             await until(self._wake, clock, next_look)  # a beat, or the next look's deadline
             self._wake = anyio.Event()
 
@@ -148,7 +152,9 @@ class Catalog:
             try:
                 job = job_of(schedule, self._tasks[schedule.task])
             except Exception as exc:  # written by a release whose rules this one refuses
-                logger.warning("stored schedule %r cannot run here: %s", schedule.id, exc)
+                if self._refused.get(schedule.id) != schedule.version:  # once per version
+                    self._refused[schedule.id] = schedule.version
+                    logger.warning("stored schedule %r cannot run here: %s", schedule.id, exc)
                 continue
             cycle = self.cycles[schedule.id] = Cycle(job, crew)  # its task ranks it
             crew.share.forget(schedule.id)
