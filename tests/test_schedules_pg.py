@@ -184,3 +184,37 @@ async def test_retention_prunes_old_writes_but_the_last_and_old_deleted_schedule
         # a write after the prune is followed as any
         await scheduler.schedules.put("new", task="report", trigger=every(3600))
         assert [s.id for s in await scheduler.schedules.list()] == ["kept", "new"]
+
+
+async def test_a_trigger_runs_a_stored_schedule_no_replica_holds_and_a_pause_stops_it(
+    ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    from ticklock import cron
+
+    ops.start("r1", "tasks")
+    async with writer(pg_dsn, pg_schema) as w:
+        await live_tasks(w, {"r1"}, "report")
+        # due once a year: no replica holds a cycle for it until it is asked for
+        await w.schedules.put("yearly", task="report", trigger=cron("0 0 1 1 *"), args={"y": 1})
+        await w.schedules.put("often", task="report", trigger=every(0.3))
+        at = await w.fleet.trigger("yearly", "a report now, please")
+
+        async def served() -> bool:
+            return bool(await rows(pg_conn, pg_schema, ["yearly"]))
+
+        await eventually(served, 30, "the trigger request was served")
+        (row,) = await rows(pg_conn, pg_schema, ["yearly"])
+        assert (row[1], row[2], json.loads(row[4])) == ("r1", at, {"y": 1})
+        assert await w.fleet.pause("often", "maintenance")
+        paused_at: datetime = await pg_conn.fetchval("SELECT now()")
+        await anyio.sleep(1.5)
+        after = [r for r in await rows(pg_conn, pg_schema, ["often"]) if r[3] > paused_at]
+        assert after == []  # refused under the lock once the pause committed
+        assert await w.fleet.resume("often")
+        resumed_at: datetime = await pg_conn.fetchval("SELECT now()")
+
+        async def again() -> bool:
+            found = await rows(pg_conn, pg_schema, ["often"])
+            return any(r[3] > resumed_at for r in found)
+
+        await eventually(again, 30, "the resumed schedule ran again")
