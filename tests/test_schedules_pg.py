@@ -218,3 +218,31 @@ async def test_a_trigger_runs_a_stored_schedule_no_replica_holds_and_a_pause_sto
             return any(r[3] > resumed_at for r in found)
 
         await eventually(again, 30, "the resumed schedule ran again")
+
+
+async def test_concurrent_writes_of_one_schedule_each_get_a_version_of_their_own(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    from ticklock import JobContext
+
+    writers = [Scheduler(pg_dsn, schema=pg_schema, owner=f"w{i}") for i in range(2)]
+    for scheduler in writers:
+
+        @scheduler.task("report")
+        async def report(ctx: JobContext) -> None: ...
+
+    versions: dict[int, int] = {}  # version -> the put that wrote it
+    async with writers[0], writers[1]:
+
+        async def put(i: int) -> None:
+            w = writers[i % 2]
+            s = await w.schedules.put("shared", task="report", trigger=every(3600), args={"i": i})
+            versions[s.version] = i
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(put, i)
+        final = await writers[1].schedules.get("shared")
+    assert sorted(versions) == list(range(1, 21))  # none lost, none twice
+    assert final is not None and final.version == 20
+    assert final.args == {"i": versions[20]}  # the last write is the one stored
