@@ -187,7 +187,8 @@ class Scheduler:
 
     @property
     def jobs(self) -> Mapping[str, Job]:
-        """The declared jobs by id (a read-only snapshot)."""
+        """The jobs declared in code, by id (a read-only snapshot); stored schedules are
+        :attr:`schedules`."""
         return MappingProxyType({job_id: cycle.job for job_id, cycle in self._cycles.items()})
 
     def job(self, trigger: Trigger, **options: Unpack[JobOptions]) -> Callable[[F], F]:
@@ -459,8 +460,10 @@ class Scheduler:
         )
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:
-        """One :class:`JobHealth` per job; ``overdue`` is the absence alarm (no run finished
-        when one was due), ``failing`` says that its runs fail."""
+        """One :class:`JobHealth` per job declared in code, and per stored schedule this
+        replica holds now (due within a minute, or running here); ``overdue`` is the absence
+        alarm (no run finished when one was due), ``failing`` says that its runs fail. For
+        every stored schedule, ``fleet.jobs()`` and ``ticklock status`` read the records."""
         clock_now = self._clock.now()
         problem = self._crew.coordinator.problem
         cycles = [*self._cycles.values(), *self._catalog.cycles.values()]
