@@ -109,6 +109,8 @@ async def test_list_pages_by_id_and_filters_by_tenant_and_task() -> None:
     assert [s.id for s in await listed(after="s04", limit=3)] == ["s05", "s06", "s07"]
     t1 = [s.id for s in await listed(tenant="t1", limit=1000)]
     assert t1 == [f"s{i:02}" for i in range(25) if i % 3 == 1]
+    status = [j.job_id for j in await scheduler.fleet.jobs(tenant="t1")]
+    assert status == t1  # a tenant's status: its stored schedules only
     both = [s.id for s in await listed(tenant="t1", task="report")]
     assert both == [f"s{i:02}" for i in range(25) if i % 3 == 1 and i % 2]
     pages, after = [], None

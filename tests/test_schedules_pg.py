@@ -76,6 +76,9 @@ async def test_an_edit_and_a_delete_are_obeyed_by_every_replica(
         await eventually(lambda: ran(2, {"r1", "r2"}), 30, "the edit was obeyed")
         t1 = [await w.schedules.get(sid) for sid in sorted(ids[1::3])]  # by id, as text
         assert await w.schedules.list(tenant="t1", limit=1000) == t1
+        tenant_status = await w.fleet.jobs(tenant="t1")
+        assert [j.job_id for j in tenant_status] == [s.id for s in t1 if s is not None]
+        assert {j.tenant for j in tenant_status} == {"t1"}
         deleted = ids[:6]
         for sid in deleted:
             assert await w.schedules.delete(sid, note="churned")

@@ -116,8 +116,9 @@ class MemoryFleet:
         job = job or self._db.declared.get(job_id)
         return _spec.of(job) if job is not None else None
 
-    async def jobs(self) -> list[JobRecord]:
-        """Every job declared or with a state."""
+    async def jobs(self, *, tenant: str | None = None) -> list[JobRecord]:
+        """Every job declared or with a state; with ``tenant``, only that tenant's stored
+        schedules."""
         db = self._db
         enabled, disabled = self._declared()
         health = {h.job_id: h for h in self._health()}
@@ -125,6 +126,8 @@ class MemoryFleet:
         last_action = {a.job_id: a for a in db.actions if a.changed and a.action != "forget"}
         records = []
         ids = enabled | disabled | db.states.keys() | db.history.keys()
+        if tenant is not None:
+            ids = {i for i, s in db.schedules.items() if s.tenant == tenant}
         for job_id in sorted(ids - db.deleted.keys()):
             state = db.states.get(job_id) or FleetState()
             stored = db.schedules.get(job_id)

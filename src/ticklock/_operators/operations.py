@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 from .._backends.seam import Coordinator
 from .._schedule.job import Job, JobHealth
@@ -44,9 +45,13 @@ class SchedulerFleet:
     def _fleet(self) -> Fleet:
         return self._coordinator().fleet(self._jobs, self._health)
 
-    async def jobs(self) -> list[JobRecord]:
-        """Every job of the namespace."""
-        return await self._fleet().jobs()
+    async def jobs(self, *, tenant: str | None = None) -> list[JobRecord]:
+        """Every job of the namespace; with ``tenant``, only that tenant's stored schedules."""
+        fleet = self._fleet()
+        if tenant is None:
+            return await fleet.jobs()
+        by_tenant: Any = fleet  # both backends' fleets take it (a Fleet of a test may not)
+        return list(await by_tenant.jobs(tenant=tenant))
 
     async def history(
         self, job_id: str, limit: int = 100, *, max_text: int | None = None

@@ -89,6 +89,7 @@ class PostgresFleet:
         stored = (
             f"SELECT j.job_id, coalesce((j.spec->'options'->>'enabled')::boolean, true) "
             f"FROM {s}.jobs AS j WHERE j.namespace = $1 AND j.spec ? 'task' "
+            "AND ($3::text IS NULL OR j.spec->>'tenant' = $3) "
             "AND EXISTS (SELECT FROM live WHERE j.spec->>'task' = ANY(live.tasks))"
         )
         # the declaration most live replicas share rules; between as many, the one whose
@@ -128,6 +129,7 @@ SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
 FROM (SELECT * FROM {s}.jobs WHERE namespace = $1 AND NOT coalesce(spec ? 'deleted_at', false))
     AS j FULL JOIN declared AS d USING (job_id)
     LEFT JOIN otherwise AS o USING (job_id)
+WHERE $3::text IS NULL OR j.spec->>'tenant' = $3
 ORDER BY job_id"""
         # Reads at most $4 characters of a report and $5 of an error per run (rows recorded
         # before the caps, or a display's shorter bound): a longer report comes as its marker,
@@ -173,7 +175,7 @@ ORDER BY job_id"""
         self._last_actions = (
             f"SELECT DISTINCT ON (job_id) job_id, action, who, at, note, changed FROM {s}.audit "
             "WHERE namespace = $1 AND changed AND action <> 'forget' "
-            "ORDER BY job_id, at DESC, id DESC"
+            "AND ($2::text[] IS NULL OR job_id = ANY($2)) ORDER BY job_id, at DESC, id DESC"
         )
         self._members = (
             "SELECT owner, started_at, jobs, fingerprints, failing, tasks "
@@ -195,11 +197,13 @@ ORDER BY job_id"""
             "SELECT (SELECT count(*) FROM j) + (SELECT count(*) FROM r)"
         )
 
-    async def jobs(self) -> list[JobRecord]:
-        """Every job of the namespace that has a row or that a live replica declares."""
+    async def jobs(self, *, tenant: str | None = None) -> list[JobRecord]:
+        """Every job of the namespace that has a row or that a live replica declares; with
+        ``tenant``, only that tenant's stored schedules."""
         async with self._acquire() as conn:
-            rows = await conn.fetch(self._jobs, self.namespace, FUTURE_LIMIT)
-            actions = await conn.fetch(self._last_actions, self.namespace)
+            rows = await conn.fetch(self._jobs, self.namespace, FUTURE_LIMIT, tenant)
+            ids = None if tenant is None else [row["job_id"] for row in rows]
+            actions = await conn.fetch(self._last_actions, self.namespace, ids)
             live = await conn.fetch(self._members, self.namespace)
             now = await conn.fetchval("SELECT now()")
         last = {row["job_id"]: Action(*row) for row in actions}
