@@ -42,6 +42,7 @@ from ticklock._runtime.plan import (
     TakeBack,
     admit,
     after_run,
+    behind,
     look,
     plan,
     standing,
@@ -382,6 +383,37 @@ def test_look(
         second=second,
     )  # fmt: skip
     assert decision == expected
+
+
+BEHIND = [
+    # (id, owner_behind, now, decision): a backup's look at the open slot s(60)
+    ("owner-behind", True, s(61), LookAgain(1.0)),
+    ("owner-behind-too-long", True, s(90), Attempt(missed=("o1",))),
+    ("owner-not-behind", False, s(61), Attempt(missed=("o1",))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "owner_behind,now,expected", [c[1:] for c in BEHIND], ids=[c[0] for c in BEHIND]
+)
+def test_a_backup_leaves_an_open_slot_to_an_owner_that_is_behind_for_a_while(
+    owner_behind: bool, now: datetime, expected: Look
+) -> None:
+    decision = look(
+        job(), FleetState(), s(60), 1, held=False, held_for=0, ahead=("o1",), observer=False,
+        second=False, now=now, owner_behind=owner_behind,
+    )  # fmt: skip
+    assert decision == expected
+
+
+def test_behind_are_the_replicas_that_just_committed_a_slot_late() -> None:
+    states = [
+        FleetState(last_slot=s(50), last_end=s(59.8), last_owner="late"),  # 9.8 s late
+        FleetState(last_slot=s(59), last_end=s(59.9), last_owner="on-time"),
+        FleetState(last_slot=s(40), last_end=s(50), last_owner="late-long-ago"),
+        FleetState(),
+    ]
+    assert behind(states, s(60)) == {"late"}
 
 
 HOLDS = [

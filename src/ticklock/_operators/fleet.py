@@ -288,8 +288,6 @@ def job_json(job: JobRecord) -> dict[str, Any]:
         "owner": job.owner,
         "builtin": job.builtin,
         "last_action": None if job.last_action is None else action_json(job.last_action),
-        "task": job.task,
-        "tenant": job.tenant,
     }
 
 

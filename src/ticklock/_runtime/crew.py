@@ -15,6 +15,7 @@ from .._telemetry import logger
 from .clock import Clock
 from .dispatcher import Dispatcher
 from .entry import Entry
+from .plan import behind
 from .runner import Runner
 from .runs import Runs
 from .sharing import Share
@@ -29,8 +30,11 @@ class Looker(Protocol):
     job: Job
     running: bool
 
-    def looked(self, state: FleetState | None, *, held: bool) -> None:
-        """The look read ``state`` (``None``: the read failed) and whether the lock is held."""
+    def looked(
+        self, state: FleetState | None, *, held: bool, behind: frozenset[str] = frozenset()
+    ) -> None:
+        """The look read ``state`` (``None``: the read failed), whether the lock is held,
+        and the replicas behind (see :func:`~.plan.behind`)."""
         ...
 
 
@@ -70,12 +74,14 @@ class Crew:
         finally:  # cancelled (shutdown) too: never leave a job marked as running
             for cycle in looks:
                 cycle.running = False
+        late = frozenset() if states is None else behind(states.values(), self.clock.now())
         for cycle in looks:
             job_id = cycle.job.id
             if states is None:
                 cycle.looked(None, held=False)
             else:
-                cycle.looked(states.get(job_id) or FleetState(), held=job_id in held)
+                state = states.get(job_id) or FleetState()
+                cycle.looked(state, held=job_id in held, behind=late)
 
 
 def last_successes(entries: list[Entry]) -> list[tuple[str, datetime]]:

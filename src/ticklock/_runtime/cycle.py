@@ -160,7 +160,9 @@ class Cycle(Entry):
 
     # -- a backup's look -----------------------------------------------------------------
 
-    def looked(self, state: FleetState | None, *, held: bool) -> None:
+    def looked(
+        self, state: FleetState | None, *, held: bool, behind: frozenset[str] = frozenset()
+    ) -> None:
         """A backup read the job's ``state`` (``None``: the read failed) and whether its lock
         is ``held``: plan from it if the fleet moved past the slot, else decide whether to
         attempt the slot now (see :mod:`._sharing`)."""
@@ -170,12 +172,12 @@ class Cycle(Entry):
             if state is None:
                 self._attempt()
             else:
-                self._looked(state, held)
+                self._looked(state, held, behind)
         except Exception:  # a bug in ticklock itself must not stop the job
             logger.exception("internal error in a look at %s", self.job.id)
             self.wait(Recheck(self.job.trigger.period))
 
-    def _looked(self, state: FleetState, held: bool) -> None:
+    def _looked(self, state: FleetState, held: bool, behind: frozenset[str]) -> None:
         crew = self.crew
         self.state = state
         crew.share.ran(state.last_owner, state.last_end)
@@ -197,6 +199,7 @@ class Cycle(Entry):
             observer=self.observer,
             second=self.stage == 1,
             now=now,
+            owner_behind=bool(self.ahead) and self.ahead[0] in behind,
         )
         if not running:
             self.held_at = None

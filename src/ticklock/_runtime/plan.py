@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -257,6 +257,26 @@ class Attempt:
     missed: tuple[str, ...] = ()
 
 
+BEHIND_FOR = 30.0
+"""Seconds after its slot that a backup leaves an open slot to an owner that is behind."""
+WORKING = 0.5
+"""Seconds since a replica's last late commit during which it counts as behind, not gone."""
+
+
+def behind(states: Iterable[FleetState], now: datetime) -> frozenset[str]:
+    """The replicas that committed a slot late (more than :data:`~.sharing.GRACE` after it)
+    within :data:`WORKING` seconds of ``now``, as the ``states`` read together show."""
+    return frozenset(
+        st.last_owner
+        for st in states
+        if st.last_owner is not None
+        and st.last_end is not None
+        and st.last_slot is not None
+        and 0.0 <= (now - st.last_end).total_seconds() < WORKING
+        and (st.last_end - st.last_slot).total_seconds() > GRACE
+    )
+
+
 Look = Replan | LookAgain | Attempt
 """What a backup does once it has read a slot's state."""
 REPLAN = Replan()
@@ -274,13 +294,17 @@ def look(
     observer: bool,
     second: bool,
     now: datetime | None = None,
+    owner_behind: bool = False,
 ) -> Look:
     """What a backup does after reading the state of the slot it waits for (``None``: a
     re-alignment), whether its lock is ``held`` (for ``held_for`` seconds as this replica has
     seen it), given the replicas ``ahead`` of it, whether it only observes the job, and
     whether this is its ``second`` look at the slot open (see :mod:`._sharing`). A batched
     run that holds the job between its batches (:func:`busy` at ``now``) counts as holding
-    its lock: looked at again a grace later, or when its hold ends if that comes first."""
+    its lock: looked at again a grace later, or when its hold ends if that comes first.
+    ``owner_behind``: the owner committed another slot late just now (a burst: many slots
+    due at once), so it is behind, not gone: its open slot is looked at again a grace later,
+    for up to :data:`BEHIND_FOR` seconds after the slot, instead of attempted beside it."""
     if state.paused_at is not None or slot is None or stale(job, state, slot, attempt):
         return REPLAN
     if observer:  # declared otherwise: never attempts
@@ -292,6 +316,8 @@ def look(
         if held_for < hold_limit(job):
             return LookAgain(GRACE)
         return Attempt()  # held past any run's bound: the attempt ends its holder
+    if owner_behind and now is not None and (now - slot).total_seconds() < BEHIND_FOR:
+        return LookAgain(GRACE)
     if not second:  # the owner missed it; the first backup attempts, the others look again
         if len(ahead) > 1:
             return LookAgain(STEP, second=True, missed=ahead[:1])
