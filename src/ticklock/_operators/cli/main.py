@@ -15,7 +15,7 @@ from ..._errors import ScheduleError, StartupError
 from ..._schedule.validate import dsn as valid_dsn
 from ..._schedule.validate import redact, surrogate
 from ..._version import __version__
-from . import app, fleet, ledger, logs
+from . import app, fleet, ledger, logs, schedules
 from .errors import EXIT_ERROR, CommandError
 from .hints import advice
 
@@ -35,6 +35,11 @@ _COMMANDS = (
     ("resume", "resume a paused job", fleet.resume),
     ("trigger", "ask the fleet to run a job once, now", fleet.trigger),
     ("forget", "delete the state and history of a job no live replica declares", fleet.forget),
+    (
+        "schedules",
+        "list the stored schedules (by id, paged), or delete one: schedules delete ID",
+        schedules.schedules,
+    ),
     ("migrate", "create or update ticklock's tables", fleet.migrate),
     ("dashboard", "serve the fleet's dashboard (needs ticklock[dashboard])", fleet.dashboard),
 )
@@ -46,6 +51,7 @@ _ON_DATABASE = {
     "resume",
     "trigger",
     "forget",
+    "schedules",
     "migrate",
     "dashboard",
 }
@@ -91,9 +97,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--namespace", help=_NAMESPACE_HELP)
         if name in _ON_JOB:
             p.add_argument("job", metavar="JOB", help="the job's id")
-        if name in ("status", "history", "slots"):
+        if name in ("status", "history", "slots", "schedules"):
             p.add_argument("--json", action="store_true", help="print JSON, for scripts")
-        if name in _AUDITED:
+        if name in (*_AUDITED, "schedules"):
             p.add_argument(
                 "--note",
                 help='why, for the audit log (e.g. "INC-42: upstream down"; default: none)',
@@ -139,6 +145,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for the runs in flight that hold ticklock's tables (a rolling "
         "deploy's previous release) before giving up (default: 300)",
+    )
+    listing = commands["schedules"]
+    listing.add_argument("action", nargs="?", choices=["delete"], help="delete a schedule")
+    listing.add_argument("id", nargs="?", metavar="ID", help="the schedule to delete")
+    listing.add_argument("--tenant", help="only this tenant's schedules (default: every tenant)")
+    listing.add_argument("--task", help="only the schedules of this task (default: every task)")
+    listing.add_argument(
+        "--after", metavar="ID", help="the page after this id, by id (default: the first page)"
+    )
+    listing.add_argument(
+        "--limit", type=int, default=100, help="how many schedules to show (default: 100)"
     )
     slots = commands["slots"]
     slots.add_argument(
