@@ -178,3 +178,58 @@ async def test_the_sqlalchemy_page_app_runs_as_written(
             assert [d["signups"] for d in await namespace["digests"]()] == [0, 2]
     finally:
         await pg_conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+@pytest.mark.anyio
+@pytest.mark.asyncio_only
+async def test_the_schedules_page_app_runs_as_written_under_uvicorn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+    import socket
+    import urllib.request
+
+    import uvicorn
+
+    [block] = [b for b in python_blocks("schedules.md") if b.startswith("# app.py\n")]
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # local mode, as the page says
+    namespace: dict[str, Any] = {"__name__": "docs_schedules_app"}
+    exec(compile(block, "app.py", "exec", dont_inherit=True), namespace)
+    scheduler, sent = namespace["scheduler"], namespace["sent"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(namespace["app"], host="127.0.0.1", port=port, log_level="warning")
+    )
+
+    def call(method: str, path: str) -> Any:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+
+        async def serving() -> bool:
+            return bool(server.started)
+
+        await eventually(serving, 20, "uvicorn serving the app")
+        path = "/tenants/acme/report?hour=8&tz=America/New_York"
+        first = await anyio.to_thread.run_sync(call, "PUT", path)
+        assert first == {
+            "id": "report:acme",
+            "version": 1,
+            "schedule": "cron '0 8 * * 1-5' America/New_York",
+        }
+        assert (await anyio.to_thread.run_sync(call, "PUT", path))["version"] == 1  # unchanged
+        later = await anyio.to_thread.run_sync(call, "PUT", "/tenants/acme/report?hour=9")
+        assert later["version"] == 2
+        stored = await scheduler.schedules.get("report:acme")
+        assert (stored.tenant, dict(stored.args)) == ("acme", {"tenant": "acme"})
+        result = await scheduler.run_now("report:acme")  # the task runs with the args
+        assert result.report == {"sent_to": "acme"} and sent[-1]["tenant"] == "acme"
+        gone = await anyio.to_thread.run_sync(call, "DELETE", "/tenants/acme/report")
+        assert gone == {"deleted": True}
+        assert await scheduler.schedules.list(tenant="acme") == []
+        server.should_exit = True

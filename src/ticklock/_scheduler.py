@@ -379,7 +379,8 @@ class Scheduler:
     # -- operations ----------------------------------------------------------------------
 
     async def run_now(self, id: str) -> RunResult:
-        """Run one tick of job ``id`` now (slot = now), under the same lock and recording.
+        """Run one tick of job ``id`` (declared in code, or a stored schedule of one of this
+        scheduler's tasks) now (slot = now), under the same lock and recording.
 
         Returns the run's result; ``outcome`` is ``locked`` if a run of the job is in flight.
         """
@@ -387,7 +388,7 @@ class Scheduler:
             raise SchedulerStateError(
                 "run_now() needs a running scheduler: call it inside 'async with scheduler'"
             )
-        cycle = self._cycles.get(id) or self._catalog.cycles.get(id)
+        cycle = self._cycles.get(id) or await self._catalog.hold(id)
         if cycle is None:
             raise KeyError(f"no job with id {id!r}")
         return await cycle.run_now()

@@ -63,12 +63,12 @@ class Schedules:
         :param trigger: :func:`~ticklock.every` or :func:`~ticklock.cron`.
         :param args: A JSON object of at most 64 KiB, given to the handler as ``ctx.args``.
         :param tenant: Whose schedule it is (``list(tenant=...)`` filters by it).
-        :param options: The keywords of :meth:`Scheduler.job <ticklock.Scheduler.job>` but
-            ``id`` (``timeout``, ``retries``, ``catch_up``...).
 
-        Raises :class:`~ticklock.ScheduleError` naming the schedule and the field for
-        anything that could not run: an unknown task, a bad trigger, option or args, an id
-        or tenant that is empty or over 200 characters, the id of a job declared in code."""
+        The other keywords are those of :meth:`Scheduler.job <ticklock.Scheduler.job>` but
+        ``id`` (``timeout``, ``retries``, ``catch_up``...). Raises
+        :class:`~ticklock.ScheduleError` naming the schedule and the field for anything that
+        could not run: an unknown task, a bad trigger, option or args, an id or tenant that
+        is empty or over 200 characters, the id of a job declared in code."""
         definition = define(id, task, trigger, args, tenant, options)
         note, who = said(note, who or caller())
         store = self._store()

@@ -130,6 +130,14 @@ class Catalog:
             await self._add([s for s in schedules.values() if s.id not in self.cycles], within=True)
         self._seen = seen
 
+    async def hold(self, schedule_id: str) -> Cycle | None:
+        """The cycle of the stored schedule ``schedule_id``, built now if it is not held
+        (``run_now``); ``None`` when no schedule of this replica's tasks has that id."""
+        if schedule_id not in self.cycles and self._tasks:
+            store = self._crew.coordinator.schedules
+            await self._add(await store.read(tuple(self._tasks), [schedule_id]))
+        return self.cycles.get(schedule_id)
+
     async def _build(self, ids: Collection[str]) -> None:
         """Build the cycles of the triggered or resumed schedules ``ids`` due within the
         horizon (a trigger request is due at once)."""
