@@ -458,6 +458,7 @@ class Scheduler:
             allowed_hosts=allowed_hosts,
             identify=identify,
             clock=self._clock,
+            schedules=lambda: self._fleet.schedules,
         )
 
     def health(self, now: datetime | None = None) -> list[JobHealth]:

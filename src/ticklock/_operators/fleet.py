@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from .._schedule.stored import Schedule
 from .._schedule.validate import hidden
 
 
@@ -288,6 +289,21 @@ def job_json(job: JobRecord) -> dict[str, Any]:
         "owner": job.owner,
         "builtin": job.builtin,
         "last_action": None if job.last_action is None else action_json(job.last_action),
+    }
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    """A stored schedule as ``ticklock schedules --json`` and ``/api/schedules`` give it."""
+    return {
+        "id": schedule.id,
+        "task": schedule.task,
+        "tenant": schedule.tenant,
+        "schedule": schedule.schedule,
+        "args": dict(schedule.args),
+        "options": dict(schedule.options),
+        "version": schedule.version,
+        "created_at": iso(schedule.created_at),
+        "updated_at": iso(schedule.updated_at),
     }
 
 

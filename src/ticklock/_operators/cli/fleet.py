@@ -298,7 +298,12 @@ async def dashboard(args: argparse.Namespace) -> int:
     pool = await create_pool(args.dsn, Pooler())
     try:
         fleet = PostgresFleet(from_pool(pool), schema=args.schema, namespace=args.namespace)
-        app = create_app(fleet, actions=args.actions, allowed_hosts=allowed)
+        app = create_app(
+            fleet,
+            actions=args.actions,
+            allowed_hosts=allowed,
+            schedules=lambda: fleet.schedules,
+        )
         config = uvicorn.Config(
             app, host=args.host, port=args.port, root_path=args.root_path, log_level="warning"
         )

@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from ..._schedule.stored import Schedule
 from ..._schedule.validate import visible
-from ..fleet import iso, json_text
+from ..fleet import json_text, schedule_json
 from ..schedules import MAX_PAGE
 from .app import label
 from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
 from .fleet import _note, _who, open_fleet, when
-
-
-def schedule_json(schedule: Schedule) -> dict[str, Any]:
-    """A stored schedule as ``ticklock schedules --json`` and ``/api/schedules`` give it."""
-    return {
-        "id": schedule.id,
-        "task": schedule.task,
-        "tenant": schedule.tenant,
-        "schedule": schedule.schedule,
-        "args": dict(schedule.args),
-        "options": dict(schedule.options),
-        "version": schedule.version,
-        "created_at": iso(schedule.created_at),
-        "updated_at": iso(schedule.updated_at),
-    }
 
 
 async def schedules(args: argparse.Namespace) -> int:

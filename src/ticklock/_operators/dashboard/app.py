@@ -30,6 +30,7 @@ from starlette.routing import Route
 from ..._errors import describe
 from ..._runtime.clock import Clock, SystemClock
 from ..._schedule.caps import cut_text, shorten_report
+from ..._schedule.stored import Schedule, ScheduleStore
 from ..fleet import (
     Fleet,
     JobState,
@@ -39,6 +40,7 @@ from ..fleet import (
     json_text,
     replicas_json,
     runs_json,
+    schedule_json,
     slots_json,
 )
 from . import hosts
@@ -65,6 +67,8 @@ from .timeline import DEFAULT_WINDOW, MAX_SLOTS, WINDOWS, Timeline, slot_timelin
 logger = logging.getLogger("ticklock")
 
 TEMPLATES = Path(__file__).parent / "templates"
+PAGE = 100
+"""How many stored schedules a page lists."""
 ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered"}  # action: its note
 UNCHANGED = {"pause": "already-paused", "resume": "not-paused"}  # a repeat that changed nothing
 NOTES = {
@@ -92,6 +96,7 @@ def create_app(
     allowed_hosts: Iterable[str] | None = None,
     identify: Identify | None = None,
     clock: Clock | None = None,
+    schedules: Callable[[], ScheduleStore] | None = None,
 ) -> Starlette:
     """An ASGI app showing ``fleet``'s jobs, their slots and run history, the operations made
     on them and the live replicas.
@@ -104,8 +109,10 @@ def create_app(
     ``allowed_hosts`` (names, ``*.example.com``, ``*``) is what the request's ``Host`` must name
     for any answer; by default pages answer any host and actions only ``localhost``,
     ``127.0.0.1`` and ``::1``. ``title`` defaults to ``ticklock · <namespace>``. ``clock`` (the
-    scheduler's) says what "now" is for the timeline and the "3 min ago" labels. Mount it in an
-    application, or serve it on its own::
+    scheduler's) says what "now" is for the timeline and the "3 min ago" labels.
+    ``schedules`` gives the namespace's stored schedules: a page lists them, paged and
+    filtered by tenant and task, and the jobs page lists only those that need a look. Mount it
+    in an application, or serve it on its own::
 
         app.mount("/ticklock", create_app(fleet, allowed_hosts=["ops.example.com"]))
     """
@@ -122,6 +129,7 @@ def create_app(
     env.globals.update(
         title=title or f"ticklock · {fleet.namespace}",
         actions=actions,
+        stored=schedules is not None,
         tooltip=TOOLTIP,
         past={**ACTIONS, "forget": "forgotten"},
     )
@@ -160,8 +168,11 @@ def create_app(
     async def index(request: Request) -> Response:
         jobs = by_urgency(await ask(fleet.jobs))
         replicas = await ask(fleet.replicas)
+        # stored schedules are the schedules page's, but those that need a look
+        shown = [j for j in jobs if j.task is None or j.state in ALARMS]
         context: dict[str, Any] = {
-            "jobs": jobs,
+            "jobs": shown,
+            "stored_count": sum(1 for j in jobs if j.task is not None) if schedules else 0,
             "replicas": replicas,
             "summary": fleet_summary(jobs, replicas),
             "note": _note(request),
@@ -244,6 +255,26 @@ def create_app(
             target = links.job(job_id, done=done)
         return RedirectResponse(target, status_code=303)
 
+    async def listed(request: Request) -> tuple[list[Schedule], dict[str, str | None]]:
+        """A page of stored schedules, by ``?tenant=``, ``?task=`` and ``?after=``."""
+        if schedules is None:
+            raise Problem(404, "this dashboard was given no stored schedules")
+        query = {k: request.query_params.get(k) or None for k in ("tenant", "task", "after")}
+        store = schedules()
+        found = await ask(lambda: store.page(query["tenant"], query["task"], query["after"], PAGE))
+        return found, query
+
+    async def schedule_list(request: Request) -> Response:
+        found, query = await listed(request)
+        after = found[-1].id if len(found) == PAGE else None
+        return page(request, "schedules.html", schedules=found, query=query, after=after)
+
+    async def api_schedules(request: Request) -> Response:
+        found, query = await listed(request)
+        after = found[-1].id if len(found) == PAGE else None
+        body = {"namespace": fleet.namespace, "schedules": [schedule_json(s) for s in found]}
+        return _json({**body, "after": after})
+
     async def api_jobs(request: Request) -> Response:
         jobs = await ask(fleet.jobs)
         return _json(jobs_json(fleet.namespace, jobs))
@@ -325,6 +356,8 @@ def create_app(
         Route("/api/jobs/{job_id:path}/runs", guarded(api_runs), name="api_runs"),
         Route("/api/jobs/{job_id:path}/slots", guarded(api_slots), name="api_slots"),
         Route("/api/replicas", guarded(api_replicas), name="api_replicas"),
+        Route("/schedules", guarded(schedule_list), name="schedules"),
+        Route("/api/schedules", guarded(api_schedules), name="api_schedules"),
         Route("/jobs/{job_id:path}/{action}", guarded(act), methods=["POST"], name="action"),
         Route("/jobs/{job_id:path}", guarded(job), name="job"),
     ]

@@ -43,6 +43,14 @@ class Links:
         """A job's slots as JSON."""
         return self._path("api_slots", query, job_id=quote(job_id, safe=""))
 
+    def schedules(self, **query: Any) -> str:
+        """The stored schedules' page; ``query`` (tenant, task, after) its query string."""
+        return self._path("schedules", query)
+
+    def api_schedules(self, **query: Any) -> str:
+        """The stored schedules as JSON."""
+        return self._path("api_schedules", query)
+
     def style(self) -> str:
         """The stylesheet."""
         return self._path("style")
