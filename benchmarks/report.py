@@ -36,19 +36,53 @@ def cell(summary: dict[str, Any], key: str) -> str:
     return f"{fmt(median)} ({fmt(low)}–{fmt(high)})"
 
 
+RATIOS = (("aps3", "APScheduler 3"), ("anyio", "anyio floor"), ("naive", "naive"))
+"""The columns of ticklock's ratios, to these implementations of the same run."""
+
+GOALS = [
+    ("P3", "bytes_per_job", "memory per idle job", "aps3", 0.5),
+    ("P5", "seconds", "start-up, 10,000 jobs", "aps3", 0.5),
+    ("P4 (20 ms)", "cpu_us_per_run", "CPU per no-op run, 20 ms", "anyio", 1.5),
+    ("P1", "p99_ms", "lateness p99", "naive", 1.5),
+]
+"""The local figures' goals: ticklock's median at most ``limit`` times the other's."""
+
+
+def ratio(summary: dict[str, Any], key: str, other: str) -> float | None:
+    t, o = summary.get("ticklock", {}).get(key), summary.get(other, {}).get(key)
+    return t["median"] / o["median"] if t and o and o["median"] else None
+
+
 def comparison(report: dict[str, Any]) -> str:
     results = report["results"]
     impls = [i for i in LABELS if any(i in r["summary"] for r in results.values())]
-    head = "| workload | " + " | ".join(LABELS[i] for i in impls) + " | ticklock ÷ naive |"
-    lines = [head, "|---" * (len(impls) + 2) + "|"]
+    ratios = [(i, label) for i, label in RATIOS if i in impls]
+    head = "| workload | " + " | ".join(LABELS[i] for i in impls)
+    head += "".join(f" | ticklock ÷ {label}" for _, label in ratios) + " |"
+    lines = [head, "|---" * (len(impls) + len(ratios) + 1) + "|"]
     for wid, key, label, _ in ROWS:
         if wid not in results:
             continue
         summary = results[wid]["summary"]
         row = [label] + [cell(summary.get(i, {}), key) for i in impls]
-        t, n = summary.get("ticklock", {}).get(key), summary.get("naive", {}).get(key)
-        ratio = f"{t['median'] / n['median']:.2f}" if t and n and n["median"] else "–"
-        lines.append("| " + " | ".join(row + [ratio]) + " |")
+        for other, _ in ratios:
+            r = ratio(summary, key, other)
+            row.append("–" if r is None else f"{r:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def goals(report: dict[str, Any]) -> str:
+    """The local figures' goals, met or not."""
+    results = report["results"]
+    lines = ["| goal | ratio | met |", "|---|---|---|"]
+    for wid, key, label, other, limit in GOALS:
+        r = ratio(results.get(wid, {}).get("summary", {}), key, other)
+        name = dict(RATIOS)[other]
+        shown, met = (
+            ("–", "not measured") if r is None else (f"{r:.2f}", "yes" if r <= limit else "no")
+        )
+        lines.append(f"| {label} ≤ {limit} × {name} | {shown} | {met} |")
     return "\n".join(lines)
 
 
@@ -111,6 +145,8 @@ def main() -> None:
     for later in args.results[1:]:
         report["results"].update(json.loads(later.read_text())["results"])
     print(comparison(report))
+    print()
+    print(goals(report))
     print()
     table, series = scaling(report)
     print(table)

@@ -6,7 +6,9 @@
 Peers are installed from PyPI into their own virtual environments under
 ``benchmarks/.venvs/py3.X`` (APScheduler 3.11, APScheduler 4.0.0a6, aiocron 2.1), made with the
 Python that runs this script; the naive baseline (one asyncio task per job: sleep, run) and
-ticklock run in this interpreter's environment. So every implementation runs on one Python.
+ticklock and the anyio floor (a loop per job starting each run as an anyio task with a cancel
+scope, and nothing else) run in this interpreter's environment. So every implementation runs
+on one Python.
 Implementations are interleaved (A B C A B C ...) and repeated, because shared machines are
 noisy; the report quotes medians with min-max spreads, and ratios to the naive baseline.
 """
@@ -36,6 +38,7 @@ LABELS = {
     "ticklock": "ticklock",
     "before": "ticklock (--before)",
     "naive": "naive (task per job)",
+    "anyio": "anyio floor",
     "aps3": "APScheduler 3.11",
     "aps4": "APScheduler 4.0.0a6",
     "aiocron": "aiocron 2.1",
@@ -184,7 +187,7 @@ def main() -> None:
     global BEFORE
     BEFORE = args.before
     repeat = args.repeat or (1 if args.quick else 3)
-    impls = ["ticklock", *(["before"] if BEFORE else []), "naive"]
+    impls = ["ticklock", *(["before"] if BEFORE else []), "naive", "anyio"]
     peers_wanted = None if args.peers is None else {p.strip() for p in args.peers.split(",")}
     impls += [] if args.quick else ensure_peers(peers_wanted)
     started = time.time()

@@ -2,10 +2,11 @@
 
     python benchmarks/workloads.py IMPL WORKLOAD [--jobs N] [--seconds S] [--interval I]
 
-IMPL: ticklock, naive, aps3 (APScheduler 3 AsyncIOScheduler), aps4 (APScheduler 4
-AsyncScheduler, memory store), aiocron. WORKLOAD: lateness (P1), idle (P2), memory (P3),
-throughput (P4), startup (P5). Prints one JSON object. Every implementation schedules the
-same no-op body; only asyncio is used, so that event-loop wake-ups can be counted.
+IMPL: ticklock, naive, anyio (the anyio floor: a task and a cancel scope per run), aps3
+(APScheduler 3 AsyncIOScheduler), aps4 (APScheduler 4 AsyncScheduler, memory store), aiocron.
+WORKLOAD: lateness (P1), idle (P2), memory (P3), throughput (P4), startup (P5). Prints one
+JSON object. Every implementation schedules the same no-op body; every one runs on asyncio
+(anyio's too), so that event-loop wake-ups can be counted.
 """
 
 from __future__ import annotations
@@ -90,6 +91,45 @@ async def run_naive(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@asynccontextmanager
+async def run_anyio(
+    n: int, interval: float, first: list[float], on_run: OnRun
+) -> AsyncIterator[None]:
+    """The anyio floor: what a run costs on anyio with no scheduling logic.
+
+    One loop per job, as in the naive baseline, but each run is what ticklock's is on anyio:
+    a task started in a task group, running the no-op body inside a ``fail_after`` scope
+    (its timeout). The loop sleeps until its next deadline (fixed delay, like ticklock).
+    No plan, no heap, no records: whatever ticklock costs beyond this is its own.
+    """
+    import anyio
+
+    async def body(i: int, intended: float) -> None:
+        on_run(i, intended)
+
+    async def run(i: int, intended: float) -> None:
+        with anyio.fail_after(60):  # a run's timeout, as ticklock's default
+            await body(i, intended)
+
+    async def loop(i: int, runs: anyio.abc.TaskGroup) -> None:
+        intended = first[i]
+        deadline = anyio.current_time() + max(0.0, intended - time.time())
+        while True:
+            await anyio.sleep_until(deadline)
+            runs.start_soon(run, i, intended)
+            deadline = anyio.current_time() + interval
+            intended = time.time() + interval
+
+    async with anyio.create_task_group() as runs, anyio.create_task_group() as loops:
+        for i in range(n):
+            loops.start_soon(loop, i, runs)
+        try:
+            yield
+        finally:
+            loops.cancel_scope.cancel()
+            runs.cancel_scope.cancel()
 
 
 @asynccontextmanager
@@ -183,6 +223,7 @@ async def run_aiocron(
 IMPLS = {
     "ticklock": run_ticklock,
     "naive": run_naive,
+    "anyio": run_anyio,
     "aps3": run_aps3,
     "aps4": run_aps4,
     "aiocron": run_aiocron,

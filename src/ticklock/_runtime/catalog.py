@@ -128,6 +128,8 @@ class Catalog:
                 ):
                     self._remove(schedule_id)
             await self._add([s for s in schedules.values() if s.id not in self.cycles], within=True)
+        if seen != self._seen:
+            logger.debug("stored schedules: applied the writes up to %d", seen)
         self._seen = seen
 
     async def hold(self, schedule_id: str) -> Cycle | None:
