@@ -303,6 +303,38 @@ async def test_a_replica_holds_only_the_schedules_due_within_the_horizon() -> No
 
 
 @pytest.mark.anyio
+async def test_a_look_reads_every_window_of_the_schedules_due_and_runs_them_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # more schedules due at once than one read returns: the look reads the next window by
+    # id (it neither reads the first window again and again nor leaves the rest for later)
+    from ticklock._backends.memory_schedules import MemorySchedules
+    from ticklock._runtime import catalog
+
+    monkeypatch.setattr(catalog, "WINDOW", 5)
+    reads: list[str | None] = []
+    due = MemorySchedules.due
+
+    async def counted(self: MemorySchedules, *args: Any) -> list[Schedule]:
+        reads.append(args[-1] if len(args) == 5 else None)
+        return await due(self, *args)
+
+    monkeypatch.setattr(MemorySchedules, "due", counted)
+    clock, ran = ManualClock(T0), Ran()
+    scheduler = replica(None, clock, "a", ran)
+    for i in range(12):
+        await scheduler.schedules.put(f"s{i:02}", task="report", trigger=every(3600))
+    async with scheduler:
+        await clock.advance(1)
+        first = sorted(job for _, job, slot, _ in ran if slot == T0)
+        looks = list(reads)
+        await clock.advance(120)
+    assert first == [f"s{i:02}" for i in range(12)]
+    assert len(ran) == 12
+    assert looks == [None, "s04", "s09"], looks  # three windows, each read once
+
+
+@pytest.mark.anyio
 async def test_an_edited_cron_schedule_owes_no_fire_of_its_new_trigger_before_the_edit() -> None:
     clock, ran = ManualClock(T0), Ran()
     scheduler = replica(None, clock, "a", ran)

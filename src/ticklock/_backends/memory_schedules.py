@@ -131,19 +131,28 @@ class MemorySchedules:
         return [s for s in chosen if s.task in tasks]
 
     async def due(
-        self, tasks: Collection[str], now: datetime, until: datetime, limit: int
+        self,
+        tasks: Collection[str],
+        now: datetime,
+        until: datetime,
+        limit: int,
+        after: str | None = None,
     ) -> list[Schedule]:
         """The schedules of ``tasks`` due by ``until`` (their next slot, computed here)."""
         db, found = self._db, []
-        for s in db.schedules.values():
+        for s in sorted(db.schedules.values(), key=lambda s: s.id):
             state = db.states.get(s.id) or FleetState()
             if s.task not in tasks or state.paused_at is not None:
+                continue
+            if after is not None and s.id <= after:
                 continue
             job = replace(db.declared[s.id], defined_at=s.updated_at)
             due = state.trigger_at or first(job, state, now)
             if due is not None and due <= until:
-                found.append((due, s.id, s))
-        return [s for *_, s in sorted(found)[:limit]]
+                found.append(s)
+                if len(found) == limit:
+                    break
+        return found
 
     def _written(self, schedule_id: str, action: str, who: str, note: str | None) -> None:
         db = self._db

@@ -4,9 +4,9 @@ its memory and its work do not grow with the number of schedules.
 
 Every :data:`LOOK` seconds (a deadline it sleeps until, not a poll per schedule) the catalog
 asks the store which schedules of its tasks are due within the horizon (the next slot the
-records hold of each) and builds the cycles it lacks; a cycle that waits for a slot beyond
-the horizon, or for nothing (paused), is dropped: the records hold its next slot, and a later
-look builds it again in time.
+records hold of each), a window at a time, and builds the cycles it lacks; a cycle that
+waits for a slot beyond the horizon, or for nothing (paused), is dropped: the records hold
+its next slot, and a later look builds it again in time.
 
 Writes are numbered by the store. The catalog remembers the number it has applied; on each
 beat the watch hands this replica (every beat, and at once after a write's notification) it
@@ -37,7 +37,8 @@ HORIZON = 60.0
 LOOK = 30.0
 """Seconds between two looks for the schedules due within the horizon (less than it)."""
 WINDOW = 10_000
-"""The most schedules one look reads; a full window is followed by another look at once."""
+"""The most schedules one read of a look returns; a full window is followed by the next, by
+id, in the same look."""
 LATEST = 2**62
 """A write number past any: :meth:`~ticklock._schedule.stored.ScheduleStore.changes` then
 gives only the last write's number."""
@@ -90,8 +91,8 @@ class Catalog:
                 else:
                     await self._apply()
                 if clock.monotonic() >= next_look:
-                    full = await self._look()
-                    next_look = clock.monotonic() + (0.0 if full else LOOK)
+                    await self._look()
+                    next_look = clock.monotonic() + LOOK
                 pending, self._pending = self._pending, set()
                 await self._build([i for i in pending if i not in self.cycles])
             except Exception as exc:
@@ -102,19 +103,22 @@ class Catalog:
             await until(self._wake, clock, next_look)  # a beat, or the next look's deadline
             self._wake = anyio.Event()
 
-    async def _look(self) -> bool:
-        """Build the cycles of the schedules due within the horizon; drop those waiting for
-        a slot beyond it. Whether the window was full (more may be due)."""
+    async def _look(self) -> None:
+        """Build the cycles of the schedules due within the horizon, read a window at a
+        time by id; drop those waiting for a slot beyond it."""
         crew = self._crew
         now = crew.clock.now()
         until = now + timedelta(seconds=HORIZON)
         for schedule_id, cycle in list(self.cycles.items()):
             if not cycle.running and schedule_id not in self._steered and _beyond(cycle, until):
                 self._remove(schedule_id)
-        store = crew.coordinator.schedules
-        due = await store.due(tuple(self._tasks), now, until, WINDOW)
-        await self._add([s for s in due if s.id not in self.cycles])
-        return len(due) >= WINDOW
+        store, after = crew.coordinator.schedules, None
+        while True:
+            due = await store.due(tuple(self._tasks), now, until, WINDOW, after)
+            await self._add([s for s in due if s.id not in self.cycles])
+            if len(due) < WINDOW:
+                return
+            after = due[-1].id
 
     async def _apply(self) -> None:
         store = self._crew.coordinator.schedules

@@ -272,8 +272,14 @@ class ScheduleStore(Protocol):
         ...
 
     async def due(
-        self, tasks: Collection[str], now: datetime, until: datetime, limit: int
+        self,
+        tasks: Collection[str],
+        now: datetime,
+        until: datetime,
+        limit: int,
+        after: str | None = None,
     ) -> list[Schedule]:
         """Up to ``limit`` schedules of ``tasks`` due by ``until`` (their next slot, as the
-        records say at ``now``, or a trigger request), not paused, soonest first."""
+        records say at ``now``, or a trigger request), not paused, by id, those after the id
+        ``after`` when given (the next page)."""
         ...

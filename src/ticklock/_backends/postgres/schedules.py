@@ -101,7 +101,7 @@ class PostgresSchedules:
             f"SELECT job_id, spec::text FROM {s}.jobs WHERE namespace = $1 AND {stored} "
             "AND spec->>'task' = ANY($2::text[]) AND paused_at IS NULL "
             "AND (next_due <= $3 OR next_due IS NULL OR trigger_at IS NOT NULL) "
-            "ORDER BY next_due NULLS FIRST LIMIT $4"
+            "AND job_id > $5 ORDER BY job_id LIMIT $4"
         )
 
     async def put(
@@ -186,11 +186,18 @@ class PostgresSchedules:
         return _schedules(rows)
 
     async def due(
-        self, tasks: Collection[str], now: datetime, until: datetime, limit: int
+        self,
+        tasks: Collection[str],
+        now: datetime,
+        until: datetime,
+        limit: int,
+        after: str | None = None,
     ) -> list[Schedule]:
         """The schedules of ``tasks`` due by ``until``, by ``jobs.next_due``."""
         async with self._acquire() as conn:
-            rows = await conn.fetch(self._due, self._namespace, list(tasks), until, limit)
+            rows = await conn.fetch(
+                self._due, self._namespace, list(tasks), until, limit, after or ""
+            )
         return _schedules(rows)
 
     def _key(self) -> int:
