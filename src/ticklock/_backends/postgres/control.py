@@ -22,7 +22,8 @@ after it joined; a row not seen for :data:`PRUNE` seconds is deleted by the next
 
 Anyone who can connect may NOTIFY the channel. What notifications cause is bounded: a beat at
 most every :data:`MIN_GAP` seconds, and a replica that receives more than :data:`STORM`
-notifications within :data:`STORM_WINDOW` seconds closes its LISTEN connection for
+notifications within :data:`STORM_WINDOW` seconds (:data:`WRITES_STORM` of stored schedules'
+writes) closes its LISTEN connection for
 :data:`STORM_QUIET` seconds (a WARNING says so) and beats every :data:`BEAT_FAST` seconds
 meanwhile, as behind a pooler.
 
@@ -78,12 +79,17 @@ MIN_GAP = 0.5
 STORM, STORM_WINDOW, STORM_QUIET = 1000, 10.0, 60.0
 """More than ``STORM`` notifications within ``STORM_WINDOW`` seconds: stop listening for
 ``STORM_QUIET`` seconds."""
+WRITES_STORM = 20_000
+"""The same for the notifications of stored schedules' writes, which an application sends
+by the thousand when it imports schedules (they commit one at a time, under the namespace's
+lock: about 750 a second on a 2-core machine)."""
 _MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
 
 
-def payload(schema: str, namespace: str) -> str:
-    """The NOTIFY payload for ``namespace`` in ``schema``."""
-    return json.dumps([schema, namespace])
+def payload(schema: str, namespace: str, what: str | None = None) -> str:
+    """The NOTIFY payload for ``namespace`` in ``schema`` (``what``: ``"schedules"`` for a
+    stored schedule's write)."""
+    return json.dumps([schema, namespace] if what is None else [schema, namespace, what])
 
 
 class Watch:
@@ -115,7 +121,9 @@ class Watch:
         self._wake: anyio.CancelScope | None = None
         self._woken = False
         self._soon: float | None = None  # a beat due before the regular one (monotonic)
+        self._written = payload(coordinator.schema, coordinator.namespace, "schedules")
         self._heard: deque[float] = deque()  # when the last notifications came (monotonic)
+        self._heard_writes: deque[float] = deque()  # the same, of schedules' writes
         self._quiet_until = -math.inf  # no LISTEN until then: a storm of notifications
         self._failed = False  # the last beat failed
         coordinator.ended = self.poke  # an outage ended: record it at once
@@ -319,19 +327,21 @@ class Watch:
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
         now = self._clock.monotonic()
-        heard = self._heard
+        writes = payload == self._written
+        heard, limit = (self._heard_writes, WRITES_STORM) if writes else (self._heard, STORM)
         heard.append(now)
         while heard and heard[0] < now - STORM_WINDOW:
             heard.popleft()
-        if len(heard) > STORM and self._listener is not None:
+        if len(heard) > limit and self._listener is not None:
             listener, self._listener = self._listener, None
             self._quiet_until = now + STORM_QUIET
             heard.clear()
             logger.warning(
                 "more than %d notifications on channel %r within %g s (ticklock's replicas send "
-                "a few per join, leave, pause, resume or trigger): not listening for %g s "
-                "(beating every %g s meanwhile); find what sends them in pg_stat_activity",
-                STORM,
+                "a few per join, leave, pause, resume or trigger, and one per schedule "
+                "written): not listening for %g s (beating every %g s meanwhile); find what "
+                "sends them in pg_stat_activity",
+                limit,
                 CHANNEL,
                 STORM_WINDOW,
                 STORM_QUIET,
@@ -339,7 +349,7 @@ class Watch:
             )
             listener.terminate()
             return
-        if payload == self._payload:
+        if writes or payload == self._payload:
             self.poke()
 
     def _lost(self, conn: object) -> None:

@@ -51,7 +51,7 @@ class PostgresSchedules:
         self._acquire = acquire
         self._schema = schema
         self._namespace = namespace
-        self._payload = payload(schema, namespace)
+        self._payload = payload(schema, namespace, "schedules")
         s = quote(schema)
         live = f"namespace = $1 AND seen_at > now() - make_interval(secs => {LIVE:g})"
         self._lock = "SELECT pg_advisory_xact_lock($1), now()"
