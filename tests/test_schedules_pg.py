@@ -154,6 +154,33 @@ async def test_an_import_of_thousands_of_schedules_is_no_storm_and_an_edit_after
         assert "notifications on channel" not in ops.output("r1"), ops.output("r1")[-2000:]
 
 
+async def test_a_replica_reads_the_states_of_its_own_jobs_not_of_every_stored_schedule(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    from datetime import timezone
+
+    from ticklock import JobContext, cron
+
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="solo", shutdown_grace=1)
+
+    @scheduler.task("report")
+    async def report(ctx: JobContext) -> None:
+        pass
+
+    @scheduler.job(every(3600), id="code")
+    async def code(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:
+        for i in range(50):
+            await scheduler.schedules.put(f"stored-{i}", task="report", trigger=cron("0 0 1 1 *"))
+        # what a replica reads at start (and after an outage): its jobs' states, so that its
+        # memory does not grow with the schedules stored (P13 measures it at 100,000)
+        job = scheduler.jobs["code"]
+        states = await scheduler._crew.coordinator.load({"code": job}, datetime.now(timezone.utc))
+    assert set(states) == {"code"}
+
+
 async def test_a_schedule_whose_task_no_live_replica_has_is_missed_with_that_reason(
     ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any
 ) -> None:

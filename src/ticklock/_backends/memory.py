@@ -373,7 +373,7 @@ class MemoryCoordinator:
         """Keep the jobs' declarations; a copy of the fleet's states."""
         await self.db._gate(self.owner)
         self.db.declared.update(jobs)
-        return dict(self.db.states)
+        return {i: s for i, s in self.db.states.items() if i in jobs}
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> _MemoryAttempt:
         """Take the job's lock if it is free (one clock: nothing is ahead)."""

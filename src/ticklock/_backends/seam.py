@@ -185,8 +185,9 @@ class Coordinator(Protocol):
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """Register ``jobs`` (overdue from ``now`` until their first finished run, and from
-        their last finished run on the schedule declared now) and return the fleet state of
-        every job of the namespace."""
+        their last finished run on the schedule declared now) and return their fleet state
+        (of those the fleet has one): not every job of the namespace, whose stored schedules
+        can be many."""
         ...
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:

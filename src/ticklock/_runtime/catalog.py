@@ -72,8 +72,22 @@ class Catalog:
         self._paused = paused
         self._wake.set()
 
-    def wake(self) -> None:
-        """Look for writes now (the database answers again)."""
+    async def reload(self) -> None:
+        """The database answers again: plan the cycles held here from the fleet's states
+        (a read that fails drops those not running: the next look builds them from the
+        records), and look for writes now."""
+        if self.cycles:
+            try:
+                states, _ = await self._crew.coordinator.read(list(self.cycles))
+            except Exception as exc:
+                logger.debug("reading the stored schedules' states failed: %s", exc)
+                for schedule_id, cycle in list(self.cycles.items()):
+                    if not cycle.running:
+                        self._remove(schedule_id)
+            else:
+                now = self._crew.clock.now()
+                for schedule_id, cycle in self.cycles.items():
+                    cycle.reload(states.get(schedule_id), now)
         self._wake.set()
 
     async def follow(self) -> None:

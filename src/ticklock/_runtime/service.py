@@ -163,9 +163,9 @@ class Service:
                 logger.error("%s", self._coordinator.explain(exc))
                 await clock.sleep_until(clock.monotonic() + LOAD_RETRY)
         now = clock.now()
-        for job_id, cycle in chain(self._cycles.items(), self._catalog.cycles.items()):
+        for job_id, cycle in self._cycles.items():
             cycle.reload(states.get(job_id), now)
-        self._catalog.wake()
+        await self._catalog.reload()
 
     async def _drain(self, runs: Runs) -> None:
         self._crew.running = False

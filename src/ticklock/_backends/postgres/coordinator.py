@@ -205,7 +205,7 @@ class PostgresCoordinator:
         self.db.stalled(job_id, seconds)
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        """Register the jobs (a row each, if new), read the namespace's fleet state, and move
+        """Register the jobs (a row each, if new), read their fleet state, and move
         the overdue instants that ``ticklock status`` reads to the schedules declared now.
 
         A database that stopped answering leaves the coordinator not :attr:`ready`."""
@@ -231,7 +231,7 @@ class PostgresCoordinator:
                 list(jobs),
                 [json.dumps(_spec.to_json(_spec.of(job))) for job in jobs.values()],
             )
-            rows = await conn.fetch(self.db.sql.load, self.namespace)
+            rows = await conn.fetch(self.db.sql.load, self.namespace, list(jobs))
             states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}
             # A finished run stores the instant from its own schedule; a deploy that changed
             # the schedule would leave status judging by the old one until the next run ends.

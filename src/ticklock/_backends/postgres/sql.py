@@ -93,7 +93,10 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
             "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text, "
             "(spec->>'version')::int"
         )
-        self.load = f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs WHERE namespace = $1"
+        self.load = (
+            f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs "
+            "WHERE namespace = $1 AND job_id = ANY($2::text[])"
+        )
         # the jobs' states, and whether a run holds each one's lock ($3: the lock keys; $4:
         # the keys without a schema, held exclusively by an earlier release's tick or by
         # hand, never by this release's ticks of any schema); a tick past its deadline (see
