@@ -1,7 +1,7 @@
 """P13: stored schedules at scale: 100,000 schedules of 1,000 tenants, one PostgreSQL, 4
 replicas on this machine.
 
-    python -m benchmarks.schedules [--quick] [--dsn DSN] [--replicas 4]
+    python -m benchmarks.schedules [--quick] [--dsn DSN] [--replicas 4] [--burst-only]
 
 Each replica is a process (``benchmarks/schedules_replica.py``) with the task ``report`` and no
 jobs of its own. A writer (a scheduler in this process) puts the schedules through the public
@@ -24,12 +24,14 @@ two hours away, so that the idle windows run nothing. In order:
 4. **Burst**: 10,000 schedules (10 per tenant) edited to fire at one instant (a whole minute
    at least 90 s ahead, in UTC; 09:00 for 10,000 tenants): every slot of that instant committed
    once and none twice (the ``runs`` table), transactions per committed run (the server's
-   ``xact_commit + xact_rollback`` from 2 s before the instant to the last commit, over the
-   committed runs), the time from the instant to the last commit, and the lateness
-   (``started_at - slot``) p50 and p99.
+   ``xact_commit + xact_rollback`` from 2 s before the instant to the last commit, read 12 s
+   later, once every backend reported its count, over the committed runs), the statements
+   each committed run cost (the 25 most called), the time from the instant to the last
+   commit, and the lateness (``started_at - slot``) p50 and p99.
 5. **Reads**: ``schedules.list(tenant=...)`` (100 schedules), ``fleet.jobs(tenant=...)`` (a
    tenant's status) and a tenant's ledger for a day (``fleet.slots`` of each of its 100
-   schedules), each timed over 20 tenants: median and largest.
+   schedules, one after the other, and gathered), each timed over 20 tenants: median and
+   largest.
 
 ``--quick`` (CI) runs 2 replicas, 100 and 1,000 schedules, 100 edits and a burst of 200 with
 short windows: it shows that the benchmark works, not the figures. Without --dsn a throwaway
@@ -51,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -79,7 +82,7 @@ ZONES = (
 )
 STATEMENTS = (
     "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements "
-    "WHERE query NOT ILIKE '%pg_stat%'"
+    "WHERE query NOT ILIKE '%pg_stat_statements%' AND query NOT ILIKE '%pg_stat_database%'"
 )
 TRANSACTIONS = (
     "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
@@ -312,7 +315,7 @@ async def burst(admin: Any, writer: Writer, fleet: Fleet, size: Size) -> dict[st
         return {"error": f"the writes ended {instant.timestamp() - written:.1f} s before the "
                 "instant"}  # fmt: skip
     await asyncio.sleep(max(0.0, instant.timestamp() - 2 - time.time()))
-    x0 = await admin.fetchval(TRANSACTIONS)
+    x0, calls0 = await admin.fetchval(TRANSACTIONS), await statements(admin)
     count = (
         f"SELECT count(*) FILTER (WHERE outcome = 'success'), count(*) FROM {SCHEMA}.runs "
         "WHERE job_id = ANY($1) AND slot = $2"
@@ -323,11 +326,16 @@ async def burst(admin: Any, writer: Writer, fleet: Fleet, size: Size) -> dict[st
         if committed >= size.burst:
             break
         await asyncio.sleep(0.25)
+    done = time.time()
+    calls1 = await statements(admin)
+    # a backend reports its transactions to pg_stat_database up to 10 s after (an idle one):
+    # read them once that passed (the idle beats meanwhile are a few dozen)
+    await asyncio.sleep(12)
     x1 = await admin.fetchval(TRANSACTIONS)
     fleet.check()
     rows = await admin.fetch(
         f"SELECT job_id, outcome, extract(epoch FROM started_at - slot), "
-        f"extract(epoch FROM finished_at - slot) FROM {SCHEMA}.runs "
+        f"extract(epoch FROM finished_at - slot), owner FROM {SCHEMA}.runs "
         "WHERE job_id = ANY($1) AND slot = $2",
         ids,
         instant,
@@ -349,7 +357,33 @@ async def burst(admin: Any, writer: Writer, fleet: Fleet, size: Size) -> dict[st
                                      2),
         "lateness_p50_ms": round(1e3 * pct(lateness, 0.5), 1),
         "lateness_p99_ms": round(1e3 * pct(lateness, 0.99), 1),
+        "seconds_to_all_committed": round(done - instant.timestamp(), 2),
+        "committed_by": dict(sorted(Counter(r[4] for r in success).items())),
+        "started_a_grace_late": sum(1 for r in success if float(r[2]) > 1.0),
+        "statements_per_committed_run": {
+            query: round(calls / max(1, len(success)), 3)
+            for query, calls in busiest(calls0, calls1)
+        },
     }  # fmt: skip
+
+
+async def statements(admin: Any) -> dict[str, int]:
+    """The calls so far of each statement the server ran (but the benchmark's reads)."""
+    rows = await admin.fetch(
+        "SELECT query, calls FROM pg_stat_statements WHERE query NOT ILIKE '%pg_stat_statements%' "
+        "AND query NOT ILIKE '%pg_stat_database%'"
+    )
+    out: dict[str, int] = {}
+    for query, calls in rows:
+        key = " ".join(query.split())[:90]
+        out[key] = out.get(key, 0) + calls
+    return out
+
+
+def busiest(before: dict[str, int], after: dict[str, int], n: int = 25) -> list[tuple[str, int]]:
+    """The ``n`` statements called most between the two samples, and how often."""
+    calls = {q: c - before.get(q, 0) for q, c in after.items()}
+    return sorted(((q, c) for q, c in calls.items() if c > 0), key=lambda i: -i[1])[:n]
 
 
 async def reads(writer: Writer, size: Size) -> dict[str, Any]:
@@ -358,7 +392,9 @@ async def reads(writer: Writer, size: Size) -> dict[str, Any]:
     scheduler = writer.scheduler
     until = datetime.now(timezone.utc)
     since = until - timedelta(days=1)
-    timings: dict[str, list[float]] = {"list": [], "status": [], "ledger": []}
+    timings: dict[str, list[float]] = {
+        "list": [], "status": [], "ledger": [], "ledger_gathered": []
+    }  # fmt: skip
     found = 0
     for k in range(size.reads):
         tenant = f"tenant-{(k * 37) % size.small:04d}"
@@ -372,6 +408,9 @@ async def reads(writer: Writer, size: Size) -> dict[str, Any]:
         for schedule in listed:
             await scheduler.fleet.slots(schedule.id, since, until)
         timings["ledger"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        await asyncio.gather(*(scheduler.fleet.slots(s.id, since, until) for s in listed))
+        timings["ledger_gathered"].append(time.perf_counter() - t)
         found = max(found, len(listed))
     out: dict[str, Any] = {"schedules_per_tenant": found}
     for name, values in timings.items():
@@ -387,6 +426,26 @@ async def load(writer: Writer, first: int, last: int, tenants: int) -> float:
     for i in range(first, last):
         await writer.put(i, tenants, now)
     return (last - first) / (time.perf_counter() - t)
+
+
+async def burst_only(dsn: str, size: Size, out: Path) -> dict[str, Any]:
+    """``--burst-only``: step 4 alone, beside ``size.burst`` schedules (a minute or two)."""
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    fleet = Fleet(dsn, out)
+    try:
+        writer = Writer(dsn, with_task=True)
+        async with writer.scheduler:
+            await load(writer, 0, size.burst, size.small)
+        fleet.start(size.replicas, "c")
+        await fleet.started()
+        writer = Writer(dsn, with_task=False)
+        async with writer.scheduler:
+            return {"size": size.__dict__, "burst": await burst(admin, writer, fleet, size)}
+    finally:
+        fleet.stop()
+        await admin.close()
 
 
 async def run(dsn: str, size: Size, out: Path) -> dict[str, Any]:
@@ -476,16 +535,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--dsn", default=os.environ.get("TICKLOCK_BENCH_DSN"))
     parser.add_argument("--replicas", type=int, default=None)
+    parser.add_argument("--burst-only", action="store_true", help="step 4 alone")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     if args.replicas:
         size = Size(**{**size.__dict__, "replicas": args.replicas})
     with tempfile.TemporaryDirectory() as out, database(args.dsn) as dsn:
-        report = asyncio.run(run(dsn, size, Path(out)))
+        steps = burst_only if args.burst_only else run
+        report = asyncio.run(steps(dsn, size, Path(out)))
     report["machine"] = machine()
     name = "schedules-quick.json" if args.quick else "schedules.json"
     if args.replicas and not args.quick:
         name = f"schedules-{args.replicas}.json"
+    if args.burst_only:
+        name = name.replace(".json", "-burst.json")
     path = HERE / "results" / name
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(report, indent=1, default=str))

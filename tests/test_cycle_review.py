@@ -201,3 +201,50 @@ async def test_a_run_now_that_ends_while_the_scheduler_drains_starts_no_new_tick
         assert ticks == ["manual"]
         tg.start_soon(during_the_drain)
     assert ticks == ["manual"]
+
+
+# -- a backup's look that waits behind its own replica's runs ----------------------------------
+
+
+async def test_a_look_that_timed_out_behind_the_replicas_own_runs_looks_again_not_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # In a burst a backup's read queues for a connection behind its own runs until it times
+    # out, while the database answers: attempting then would queue beside the owner's runs
+    # and lose to them. The backup looks again a grace later instead; only owners attempt.
+    from ticklock._backends.memory import MemoryCoordinator
+
+    attempts: Counter[str] = Counter()
+    attempt = MemoryCoordinator.attempt
+
+    async def counted(self: MemoryCoordinator, job_id: str, budget: float, at: datetime) -> object:
+        attempts[self.owner] += 1
+        return await attempt(self, job_id, budget, at)
+
+    async def queued(self: MemoryCoordinator, job_ids: object) -> object:
+        raise TimeoutError  # as anyio.fail_after raises it
+
+    monkeypatch.setattr(MemoryCoordinator, "attempt", counted)
+    monkeypatch.setattr(MemoryCoordinator, "read", queued)
+    clock, db = ManualClock(datetime(2030, 1, 1, tzinfo=UTC)), MemoryDatabase()
+    ran: Counter[str] = Counter()
+    replicas = []
+    for owner in ("a", "b"):
+        scheduler = Scheduler(database=db, clock=clock, owner=owner)
+
+        def job(owner: str = owner) -> object:
+            async def tick(ctx: JobContext) -> None:
+                ran[owner] += 1
+
+            return tick
+
+        scheduler.add(job(), every(10), id="tick")  # type: ignore[arg-type]
+        replicas.append(scheduler)
+    async with replicas[0], replicas[1]:
+        await clock.advance(2)  # the view: each knows the other
+        before = dict(attempts)
+        await clock.advance(65)
+        after = {owner: attempts[owner] - before.get(owner, 0) for owner in attempts}
+    assert sum(ran.values()) >= 6
+    # one replica owns the job and attempts its slots; the other only looks
+    assert sorted(after.values())[0] == 0, after

@@ -409,8 +409,8 @@ def test_a_backup_leaves_an_open_slot_to_an_owner_that_is_behind_for_a_while(
 def test_behind_are_the_replicas_that_just_committed_a_slot_late() -> None:
     states = [
         FleetState(last_slot=s(50), last_end=s(59.8), last_owner="late"),  # 9.8 s late
-        FleetState(last_slot=s(59), last_end=s(59.9), last_owner="on-time"),
-        FleetState(last_slot=s(40), last_end=s(50), last_owner="late-long-ago"),
+        FleetState(last_slot=s(59.5), last_end=s(59.9), last_owner="on-time"),  # 0.4 s
+        FleetState(last_slot=s(40), last_end=s(57.9), last_owner="late-long-ago"),  # 2.1 s
         FleetState(),
     ]
     assert behind(states, s(60)) == {"late"}

@@ -37,6 +37,10 @@ class Looker(Protocol):
         and the replicas behind (see :func:`~.plan.behind`)."""
         ...
 
+    def look_later(self) -> None:
+        """The read waited behind this replica's own runs: look again a grace later."""
+        ...
+
 
 @dataclass(eq=False)
 class Crew:
@@ -66,9 +70,15 @@ class Crew:
         looks, self.looks = self.looks, []
         states: dict[str, FleetState] | None = None
         held: frozenset[str] = frozenset()
+        queued = False  # the read waited behind this replica's own runs
         try:
             with anyio.fail_after(READ_LIMIT):
                 states, held = await self.coordinator.read([c.job.id for c in looks])
+        except TimeoutError as exc:
+            # no answer in time from a database that answers this replica's other calls:
+            # the read queued for a connection behind this replica's own runs (a burst)
+            queued = self.coordinator.ready
+            logger.debug("reading the state of %d jobs timed out: %s", len(looks), exc)
         except Exception as exc:  # the attempts meet the same error, and report it
             logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)
         finally:  # cancelled (shutdown) too: never leave a job marked as running
@@ -77,7 +87,9 @@ class Crew:
         late = frozenset() if states is None else behind(states.values(), self.clock.now())
         for cycle in looks:
             job_id = cycle.job.id
-            if states is None:
+            if queued:  # attempts would queue behind the same runs: look again instead
+                cycle.look_later()
+            elif states is None:
                 cycle.looked(None, held=False)
             else:
                 state = states.get(job_id) or FleetState()

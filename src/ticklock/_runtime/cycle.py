@@ -160,6 +160,12 @@ class Cycle(Entry):
 
     # -- a backup's look -----------------------------------------------------------------
 
+    def look_later(self) -> None:
+        """A backup's read waited behind this replica's own runs: look again a grace later."""
+        if self._live():
+            crew = self.crew
+            crew.dispatcher.again(self, crew.clock.monotonic() - self.base + GRACE)
+
     def looked(
         self, state: FleetState | None, *, held: bool, behind: frozenset[str] = frozenset()
     ) -> None:

@@ -259,13 +259,18 @@ class Attempt:
 
 BEHIND_FOR = 30.0
 """Seconds after its slot that a backup leaves an open slot to an owner that is behind."""
-WORKING = 0.5
-"""Seconds since a replica's last late commit during which it counts as behind, not gone."""
+WORKING = 2.0
+"""Seconds since a replica's last late commit during which it counts as behind, not gone:
+more than the stalls of a loop working through a burst on a busy host."""
+LATE = 0.5
+"""Seconds after its slot past which a commit shows its replica behind: half the grace, so
+that a backup's first look, a grace after the slot, sees an owner working through a burst
+(its commits of the last :data:`WORKING` seconds came that late) before it attempts."""
 
 
 def behind(states: Iterable[FleetState], now: datetime) -> frozenset[str]:
-    """The replicas that committed a slot late (more than :data:`~.sharing.GRACE` after it)
-    within :data:`WORKING` seconds of ``now``, as the ``states`` read together show."""
+    """The replicas that committed a slot late (more than :data:`LATE` after it) within
+    :data:`WORKING` seconds of ``now``, as the ``states`` read together show."""
     return frozenset(
         st.last_owner
         for st in states
@@ -273,7 +278,7 @@ def behind(states: Iterable[FleetState], now: datetime) -> frozenset[str]:
         and st.last_end is not None
         and st.last_slot is not None
         and 0.0 <= (now - st.last_end).total_seconds() < WORKING
-        and (st.last_end - st.last_slot).total_seconds() > GRACE
+        and (st.last_end - st.last_slot).total_seconds() > LATE
     )
 
 
