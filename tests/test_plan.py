@@ -409,11 +409,14 @@ def test_a_backup_leaves_an_open_slot_to_an_owner_that_is_behind_for_a_while(
 def test_behind_are_the_replicas_that_just_committed_a_slot_late() -> None:
     states = [
         FleetState(last_slot=s(50), last_end=s(59.8), last_owner="late"),  # 9.8 s late
+        FleetState(last_slot=s(45), last_end=s(59.7), last_owner="late"),  # an older slot
         FleetState(last_slot=s(59.5), last_end=s(59.9), last_owner="on-time"),  # 0.4 s
         FleetState(last_slot=s(40), last_end=s(57.9), last_owner="late-long-ago"),  # 2.1 s
         FleetState(),
     ]
-    assert behind(states, s(60)) == {"late"}
+    # each with the latest slot it committed late: it is behind on that slot's instant, and
+    # on earlier ones, not on later slots (an owner that died in a burst has no later ones)
+    assert behind(states, s(60)) == {"late": s(50)}
 
 
 HOLDS = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from random import Random
@@ -15,7 +16,7 @@ from .._telemetry import logger
 from .clock import Clock
 from .dispatcher import Dispatcher
 from .entry import Entry
-from .plan import behind
+from .plan import NOBODY, behind
 from .runner import Runner
 from .runs import Runs
 from .sharing import Share
@@ -31,7 +32,7 @@ class Looker(Protocol):
     running: bool
 
     def looked(
-        self, state: FleetState | None, *, held: bool, behind: frozenset[str] = frozenset()
+        self, state: FleetState | None, *, held: bool, behind: Mapping[str, datetime] = NOBODY
     ) -> None:
         """The look read ``state`` (``None``: the read failed), whether the lock is held,
         and the replicas behind (see :func:`~.plan.behind`)."""
@@ -84,7 +85,7 @@ class Crew:
         finally:  # cancelled (shutdown) too: never leave a job marked as running
             for cycle in looks:
                 cycle.running = False
-        late = frozenset() if states is None else behind(states.values(), self.clock.now())
+        late = NOBODY if states is None else behind(states.values(), self.clock.now())
         for cycle in looks:
             job_id = cycle.job.id
             if queued:  # attempts would queue behind the same runs: look again instead

@@ -10,6 +10,7 @@ through the :class:`~ticklock._runtime.runner.Runner`, and reads its role from t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -23,6 +24,7 @@ from .crew import Crew
 from .entry import Entry
 from .plan import (
     GIVE_UP_FOR,
+    NOBODY,
     Attempt,
     Delayed,
     GiveUp,
@@ -167,7 +169,7 @@ class Cycle(Entry):
             crew.dispatcher.again(self, crew.clock.monotonic() - self.base + GRACE)
 
     def looked(
-        self, state: FleetState | None, *, held: bool, behind: frozenset[str] = frozenset()
+        self, state: FleetState | None, *, held: bool, behind: Mapping[str, datetime] = NOBODY
     ) -> None:
         """A backup read the job's ``state`` (``None``: the read failed) and whether its lock
         is ``held``: plan from it if the fleet moved past the slot, else decide whether to
@@ -183,7 +185,7 @@ class Cycle(Entry):
             logger.exception("internal error in a look at %s", self.job.id)
             self.wait(Recheck(self.job.trigger.period))
 
-    def _looked(self, state: FleetState, held: bool, behind: frozenset[str]) -> None:
+    def _looked(self, state: FleetState, held: bool, behind: Mapping[str, datetime]) -> None:
         crew = self.crew
         self.state = state
         crew.share.ran(state.last_owner, state.last_end)
@@ -194,6 +196,7 @@ class Cycle(Entry):
         if running:
             self.held_at = self.held_at or now  # presume the run succeeds (health)
         held_for = 0.0 if self.held_at is None else (now - self.held_at).total_seconds()
+        latest = behind.get(self.ahead[0]) if self.ahead else None  # behind up to that slot
         decision = look(
             self.job,
             state,
@@ -205,7 +208,7 @@ class Cycle(Entry):
             observer=self.observer,
             second=self.stage == 1,
             now=now,
-            owner_behind=bool(self.ahead) and self.ahead[0] in behind,
+            owner_behind=latest is not None and self.slot is not None and self.slot <= latest,
         )
         if not running:
             self.held_at = None

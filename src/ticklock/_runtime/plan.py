@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from .._backends.seam import FleetState
 from .._schedule.job import Job, Outcome, RunResult
@@ -262,24 +263,27 @@ BEHIND_FOR = 30.0
 WORKING = 2.0
 """Seconds since a replica's last late commit during which it counts as behind, not gone:
 more than the stalls of a loop working through a burst on a busy host."""
+NOBODY: Mapping[str, datetime] = MappingProxyType({})
+"""No replica is behind."""
 LATE = 0.5
 """Seconds after its slot past which a commit shows its replica behind: half the grace, so
 that a backup's first look, a grace after the slot, sees an owner working through a burst
 (its commits of the last :data:`WORKING` seconds came that late) before it attempts."""
 
 
-def behind(states: Iterable[FleetState], now: datetime) -> frozenset[str]:
+def behind(states: Iterable[FleetState], now: datetime) -> dict[str, datetime]:
     """The replicas that committed a slot late (more than :data:`LATE` after it) within
-    :data:`WORKING` seconds of ``now``, as the ``states`` read together show."""
-    return frozenset(
-        st.last_owner
-        for st in states
-        if st.last_owner is not None
-        and st.last_end is not None
-        and st.last_slot is not None
-        and 0.0 <= (now - st.last_end).total_seconds() < WORKING
-        and (st.last_end - st.last_slot).total_seconds() > LATE
-    )
+    :data:`WORKING` seconds of ``now``, as the ``states`` read together show, each with the
+    latest such slot: an owner is behind on the slots up to it (a burst of slots due at one
+    instant), not on later ones."""
+    found: dict[str, datetime] = {}
+    for st in states:
+        owner, end, slot = st.last_owner, st.last_end, st.last_slot
+        if owner is None or end is None or slot is None:
+            continue
+        if 0.0 <= (now - end).total_seconds() < WORKING and (end - slot).total_seconds() > LATE:
+            found[owner] = max(slot, found.get(owner, slot))
+    return found
 
 
 Look = Replan | LookAgain | Attempt
@@ -307,9 +311,10 @@ def look(
     whether this is its ``second`` look at the slot open (see :mod:`._sharing`). A batched
     run that holds the job between its batches (:func:`busy` at ``now``) counts as holding
     its lock: looked at again a grace later, or when its hold ends if that comes first.
-    ``owner_behind``: the owner committed another slot late just now (a burst: many slots
-    due at once), so it is behind, not gone: its open slot is looked at again a grace later,
-    for up to :data:`BEHIND_FOR` seconds after the slot, instead of attempted beside it."""
+    ``owner_behind``: the owner committed another slot of the same instant (or a later one)
+    late just now (a burst: many slots due at once), so it is behind, not gone: its open
+    slot is looked at again a grace later, for up to :data:`BEHIND_FOR` seconds after the
+    slot, instead of attempted beside it."""
     if state.paused_at is not None or slot is None or stale(job, state, slot, attempt):
         return REPLAN
     if observer:  # declared otherwise: never attempts
