@@ -206,45 +206,64 @@ async def test_a_run_now_that_ends_while_the_scheduler_drains_starts_no_new_tick
 # -- a backup's look that waits behind its own replica's runs ----------------------------------
 
 
-async def test_a_look_that_timed_out_behind_the_replicas_own_runs_looks_again_not_attempts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # In a burst a backup's read queues for a connection behind its own runs until it times
-    # out, while the database answers: attempting then would queue beside the owner's runs
-    # and lose to them. The backup looks again a grace later instead; only owners attempt.
+async def two_replicas_whose_reads_time_out(
+    monkeypatch: pytest.MonkeyPatch, *, runs_in_flight: int | None
+) -> dict[str, int]:
+    """Two replicas of one ``every(10)`` job whose backups' first 3 reads time out (with
+    ``runs_in_flight``: while the replica has that many runs in flight): each replica's
+    attempts over a minute."""
     from ticklock._backends.memory import MemoryCoordinator
+    from ticklock._runtime.runs import Runs
 
     attempts: Counter[str] = Counter()
-    attempt = MemoryCoordinator.attempt
+    attempt, read = MemoryCoordinator.attempt, MemoryCoordinator.read
+    timeouts = [3]
 
     async def counted(self: MemoryCoordinator, job_id: str, budget: float, at: datetime) -> object:
         attempts[self.owner] += 1
         return await attempt(self, job_id, budget, at)
 
-    async def queued(self: MemoryCoordinator, job_ids: object) -> object:
-        raise TimeoutError  # as anyio.fail_after raises it
+    async def queued(self: MemoryCoordinator, job_ids: list[str]) -> object:
+        if timeouts[0]:
+            timeouts[0] -= 1
+            raise TimeoutError  # as anyio.fail_after raises it
+        return await read(self, job_ids)
 
     monkeypatch.setattr(MemoryCoordinator, "attempt", counted)
     monkeypatch.setattr(MemoryCoordinator, "read", queued)
+    if runs_in_flight is not None:
+        monkeypatch.setattr(Runs, "in_flight", property(lambda self: runs_in_flight))
     clock, db = ManualClock(datetime(2030, 1, 1, tzinfo=UTC)), MemoryDatabase()
-    ran: Counter[str] = Counter()
     replicas = []
     for owner in ("a", "b"):
         scheduler = Scheduler(database=db, clock=clock, owner=owner)
 
-        def job(owner: str = owner) -> object:
-            async def tick(ctx: JobContext) -> None:
-                ran[owner] += 1
+        async def tick(ctx: JobContext) -> None:
+            pass
 
-            return tick
-
-        scheduler.add(job(), every(10), id="tick")  # type: ignore[arg-type]
+        scheduler.add(tick, every(10), id="tick")
         replicas.append(scheduler)
     async with replicas[0], replicas[1]:
         await clock.advance(2)  # the view: each knows the other
         before = dict(attempts)
         await clock.advance(65)
-        after = {owner: attempts[owner] - before.get(owner, 0) for owner in attempts}
-    assert sum(ran.values()) >= 6
-    # one replica owns the job and attempts its slots; the other only looks
-    assert sorted(after.values())[0] == 0, after
+        return {owner: attempts[owner] - before.get(owner, 0) for owner in attempts}
+
+
+async def test_a_look_that_timed_out_behind_the_replicas_own_runs_looks_again_not_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # In a burst a backup's read queues for a connection behind its own runs until it times
+    # out: attempting then would queue beside the owner's runs and lose to them. The backup
+    # looks again a grace later instead; only the owner attempts.
+    attempts = await two_replicas_whose_reads_time_out(monkeypatch, runs_in_flight=5)
+    assert sorted(attempts.values()) == [0, 6], attempts
+
+
+async def test_a_look_that_timed_out_with_no_run_in_flight_attempts_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # nothing of its own to wait behind: the database is slow or gone, and the backup
+    # attempts, as for any read that failed (the attempt reports the error)
+    attempts = await two_replicas_whose_reads_time_out(monkeypatch, runs_in_flight=None)
+    assert sorted(attempts.values()) == [3, 6], attempts

@@ -22,6 +22,7 @@ from ticklock import (
 )
 from ticklock._backends.seam import FleetState
 from ticklock._runtime.plan import (
+    BURST,
     GIVE_UP_FOR,
     KEEP,
     Admission,
@@ -407,11 +408,15 @@ def test_a_backup_leaves_an_open_slot_to_an_owner_that_is_behind_for_a_while(
 
 
 def test_behind_are_the_replicas_that_just_committed_a_slot_late() -> None:
+    def commits(owner: str, slot: float, end: float, n: int = BURST) -> list[FleetState]:
+        return [FleetState(last_slot=s(slot), last_end=s(end), last_owner=owner)] * n
+
     states = [
-        FleetState(last_slot=s(50), last_end=s(59.8), last_owner="late"),  # 9.8 s late
-        FleetState(last_slot=s(45), last_end=s(59.7), last_owner="late"),  # an older slot
-        FleetState(last_slot=s(59.5), last_end=s(59.9), last_owner="on-time"),  # 0.4 s
-        FleetState(last_slot=s(40), last_end=s(57.9), last_owner="late-long-ago"),  # 2.1 s
+        *commits("late", 50, 59.8),  # 9.8 s late
+        *commits("late", 45, 59.7, 1),  # an older slot
+        *commits("on-time", 59.5, 59.9),  # 0.4 s
+        *commits("late-long-ago", 40, 57.9),  # 2.1 s ago
+        *commits("slow", 59, 59.8, BURST - 1),  # a few slow runs of one instant: no burst
         FleetState(),
     ]
     # each with the latest slot it committed late: it is behind on that slot's instant, and

@@ -315,7 +315,7 @@ async def test_a_look_reads_every_window_of_the_schedules_due_and_runs_them_all(
     reads: list[str | None] = []
     due = MemorySchedules.due
 
-    async def counted(self: MemorySchedules, *args: Any) -> list[Schedule]:
+    async def counted(self: MemorySchedules, *args: Any) -> tuple[list[Schedule], str | None]:
         reads.append(args[-1] if len(args) == 5 else None)
         return await due(self, *args)
 

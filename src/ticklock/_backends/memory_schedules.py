@@ -137,7 +137,7 @@ class MemorySchedules:
         until: datetime,
         limit: int,
         after: str | None = None,
-    ) -> list[Schedule]:
+    ) -> tuple[list[Schedule], str | None]:
         """The schedules of ``tasks`` due by ``until`` (their next slot, computed here)."""
         db, found = self._db, []
         for s in sorted(db.schedules.values(), key=lambda s: s.id):
@@ -151,8 +151,8 @@ class MemorySchedules:
             if due is not None and due <= until:
                 found.append(s)
                 if len(found) == limit:
-                    break
-        return found
+                    return found, s.id
+        return found, None
 
     def _written(self, schedule_id: str, action: str, who: str, note: str | None) -> None:
         db = self._db

@@ -128,11 +128,10 @@ class Catalog:
                 self._remove(schedule_id)
         store, after = crew.coordinator.schedules, None
         while True:
-            due = await store.due(tuple(self._tasks), now, until, WINDOW, after)
+            due, after = await store.due(tuple(self._tasks), now, until, WINDOW, after)
             await self._add([s for s in due if s.id not in self.cycles])
-            if len(due) < WINDOW:
+            if after is None:
                 return
-            after = due[-1].id
 
     async def _apply(self) -> None:
         store = self._crew.coordinator.schedules

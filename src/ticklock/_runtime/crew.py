@@ -76,9 +76,9 @@ class Crew:
             with anyio.fail_after(READ_LIMIT):
                 states, held = await self.coordinator.read([c.job.id for c in looks])
         except TimeoutError as exc:
-            # no answer in time from a database that answers this replica's other calls:
-            # the read queued for a connection behind this replica's own runs (a burst)
-            queued = self.coordinator.ready
+            # no answer in time while this replica's own runs are in flight: the read
+            # queued for a connection behind them (a burst), as an attempt would
+            queued = self.runs is not None and self.runs.in_flight > 1  # > this look
             logger.debug("reading the state of %d jobs timed out: %s", len(looks), exc)
         except Exception as exc:  # the attempts meet the same error, and report it
             logger.debug("reading the state of %d jobs failed: %s", len(looks), exc)

@@ -23,6 +23,7 @@ from .._telemetry import logger
 from .crew import Crew
 from .entry import Entry
 from .plan import (
+    BEHIND_FOR,
     GIVE_UP_FOR,
     NOBODY,
     Attempt,
@@ -163,9 +164,14 @@ class Cycle(Entry):
     # -- a backup's look -----------------------------------------------------------------
 
     def look_later(self) -> None:
-        """A backup's read waited behind this replica's own runs: look again a grace later."""
-        if self._live():
-            crew = self.crew
+        """A backup's read waited behind this replica's own runs: look again a grace later,
+        for up to :data:`~.plan.BEHIND_FOR` seconds after the slot; attempt after that."""
+        if not self._live():
+            return
+        crew = self.crew
+        if self.slot is not None and crew.clock.now() - self.slot >= timedelta(seconds=BEHIND_FOR):
+            self.looked(None, held=False)  # as a read that failed: attempt
+        else:
             crew.dispatcher.again(self, crew.clock.monotonic() - self.base + GRACE)
 
     def looked(

@@ -265,6 +265,8 @@ WORKING = 2.0
 more than the stalls of a loop working through a burst on a busy host."""
 NOBODY: Mapping[str, datetime] = MappingProxyType({})
 """No replica is behind."""
+BURST = 10
+"""Late commits within :data:`WORKING` seconds that show a replica working through a burst."""
 LATE = 0.5
 """Seconds after its slot past which a commit shows its replica behind: half the grace, so
 that a backup's first look, a grace after the slot, sees an owner working through a burst
@@ -272,18 +274,18 @@ that a backup's first look, a grace after the slot, sees an owner working throug
 
 
 def behind(states: Iterable[FleetState], now: datetime) -> dict[str, datetime]:
-    """The replicas that committed a slot late (more than :data:`LATE` after it) within
-    :data:`WORKING` seconds of ``now``, as the ``states`` read together show, each with the
-    latest such slot: an owner is behind on the slots up to it (a burst of slots due at one
-    instant), not on later ones."""
-    found: dict[str, datetime] = {}
+    """The replicas working through a burst, as the ``states`` read together show: each
+    committed at least :data:`BURST` slots late (more than :data:`LATE` after them) within
+    :data:`WORKING` seconds of ``now``, with the latest of those slots. An owner is behind on
+    the slots up to it, not on later ones; a few slow runs of one instant are no burst."""
+    late: dict[str, list[datetime]] = {}
     for st in states:
         owner, end, slot = st.last_owner, st.last_end, st.last_slot
         if owner is None or end is None or slot is None:
             continue
         if 0.0 <= (now - end).total_seconds() < WORKING and (end - slot).total_seconds() > LATE:
-            found[owner] = max(slot, found.get(owner, slot))
-    return found
+            late.setdefault(owner, []).append(slot)
+    return {owner: max(slots) for owner, slots in late.items() if len(slots) >= BURST}
 
 
 Look = Replan | LookAgain | Attempt

@@ -35,6 +35,11 @@ class Runs:
                 await self._closed.wait()
                 group.cancel_scope.cancel()
 
+    @property
+    def in_flight(self) -> int:
+        """The runs (ticks and looks) started and not ended."""
+        return self._in_flight
+
     def service(self, func: Callable[[], Coroutine[Any, Any, Any]], name: str) -> None:
         """Run ``func()`` beside the runs until the group closes (not counted as a run)."""
         assert self._group is not None

@@ -142,10 +142,15 @@ class Service:
         await anyio.sleep_forever()
 
     async def _load(self) -> dict[str, FleetState] | None:
-        """The fleet's state of every job (``None`` if the database stopped answering)."""
+        """The fleet's state of every job declared here (``None`` if the database stopped
+        answering): the enabled ones registered, the disabled ones read (their health)."""
         jobs = {job_id: c.job for job_id, c in self._cycles.items() if c.job.enabled}
+        disabled = [job_id for job_id in self._cycles if job_id not in jobs]
         try:
-            return await self._coordinator.load(jobs, self._crew.clock.now())
+            states = await self._coordinator.load(jobs, self._crew.clock.now())
+            if disabled:
+                states = {**(await self._coordinator.read(disabled))[0], **states}
+            return states
         except Exception as exc:
             if not self._coordinator.classify(exc):
                 raise

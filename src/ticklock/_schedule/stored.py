@@ -278,8 +278,9 @@ class ScheduleStore(Protocol):
         until: datetime,
         limit: int,
         after: str | None = None,
-    ) -> list[Schedule]:
-        """Up to ``limit`` schedules of ``tasks`` due by ``until`` (their next slot, as the
-        records say at ``now``, or a trigger request), not paused, by id, those after the id
-        ``after`` when given (the next page)."""
+    ) -> tuple[list[Schedule], str | None]:
+        """Of the schedules of ``tasks`` due by ``until`` (their next slot, as the records say
+        at ``now``, or a trigger request), not paused, by id, those after the id ``after``
+        when given: a page of up to ``limit`` records (those this release can read), and the
+        ``after`` of the next page (``None``: this was the last)."""
         ...

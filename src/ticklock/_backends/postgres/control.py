@@ -86,6 +86,10 @@ lock: about 750 a second on a 2-core machine)."""
 _MISSING = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
 
 
+_WRITES_TAIL = ', "schedules"]'
+"""How the payload of a stored schedule's write ends, whatever its schema and namespace."""
+
+
 def payload(schema: str, namespace: str, what: str | None = None) -> str:
     """The NOTIFY payload for ``namespace`` in ``schema`` (``what``: ``"schedules"`` for a
     stored schedule's write)."""
@@ -327,7 +331,8 @@ class Watch:
 
     def _notified(self, conn: object, pid: int, channel: str, payload: object) -> None:
         now = self._clock.monotonic()
-        writes = payload == self._written
+        # any namespace's schedule writes (the channel is the database's): counted apart
+        writes = isinstance(payload, str) and payload.endswith(_WRITES_TAIL)
         heard, limit = (self._heard_writes, WRITES_STORM) if writes else (self._heard, STORM)
         heard.append(now)
         while heard and heard[0] < now - STORM_WINDOW:
@@ -349,7 +354,7 @@ class Watch:
             )
             listener.terminate()
             return
-        if writes or payload == self._payload:
+        if payload in (self._written, self._payload):
             self.poke()
 
     def _lost(self, conn: object) -> None:

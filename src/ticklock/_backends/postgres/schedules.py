@@ -192,13 +192,14 @@ class PostgresSchedules:
         until: datetime,
         limit: int,
         after: str | None = None,
-    ) -> list[Schedule]:
+    ) -> tuple[list[Schedule], str | None]:
         """The schedules of ``tasks`` due by ``until``, by ``jobs.next_due``."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
                 self._due, self._namespace, list(tasks), until, limit, after or ""
             )
-        return _schedules(rows)
+        # the next page follows the last row read, even one this release cannot read
+        return _schedules(rows), rows[-1][0] if len(rows) >= limit else None
 
     def _key(self) -> int:
         return lock_key(self._namespace, _WRITES, schema=self._schema)
