@@ -76,9 +76,10 @@ class Catalog:
         """The database answers again: plan the cycles held here from the fleet's states
         (a read that fails drops those not running: the next look builds them from the
         records), and look for writes now."""
-        if self.cycles:
+        held = list(self.cycles)  # not those built meanwhile, from the states they read
+        if held:
             try:
-                states, _ = await self._crew.coordinator.read(list(self.cycles))
+                states, _ = await self._crew.coordinator.read(held)
             except Exception as exc:
                 logger.debug("reading the stored schedules' states failed: %s", exc)
                 for schedule_id, cycle in list(self.cycles.items()):
@@ -86,8 +87,9 @@ class Catalog:
                         self._remove(schedule_id)
             else:
                 now = self._crew.clock.now()
-                for schedule_id, cycle in self.cycles.items():
-                    cycle.reload(states.get(schedule_id), now)
+                for schedule_id in held:
+                    if (kept := self.cycles.get(schedule_id)) is not None:
+                        kept.reload(states.get(schedule_id), now)
         self._wake.set()
 
     async def follow(self) -> None:
