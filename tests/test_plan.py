@@ -22,6 +22,7 @@ from ticklock import (
 )
 from ticklock._backends.seam import FleetState
 from ticklock._runtime.plan import (
+    BEHIND_FOR,
     BURST,
     GIVE_UP_FOR,
     KEEP,
@@ -46,6 +47,7 @@ from ticklock._runtime.plan import (
     behind,
     look,
     plan,
+    queued,
     standing,
     steer,
 )
@@ -597,3 +599,12 @@ def test_standing(
     )
     assert decision == expected
     assert len(asked) <= 1  # the ranking is asked once at most, and last
+
+
+def test_a_backup_whose_read_queued_looks_again_until_the_slot_is_long_open() -> None:
+    # its read waited behind its own runs: an attempt would wait behind them too, so it looks
+    # again a grace later, until BEHIND_FOR after the slot (a full pool never holds it off)
+    assert queued(s(60), s(61)) == LookAgain(1.0)
+    assert queued(s(60), s(60) + timedelta(seconds=BEHIND_FOR - 0.1)) == LookAgain(1.0)
+    assert queued(s(60), s(60) + timedelta(seconds=BEHIND_FOR)) == Attempt()
+    assert queued(None, s(61)) == LookAgain(1.0)  # a recheck: no slot to give up on

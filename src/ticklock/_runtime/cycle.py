@@ -23,7 +23,6 @@ from .._telemetry import logger
 from .crew import Crew
 from .entry import Entry
 from .plan import (
-    BEHIND_FOR,
     GIVE_UP_FOR,
     NOBODY,
     Attempt,
@@ -41,6 +40,7 @@ from .plan import (
     busy,
     look,
     plan,
+    queued,
     standing,
     steer,
 )
@@ -164,15 +164,15 @@ class Cycle(Entry):
     # -- a backup's look -----------------------------------------------------------------
 
     def look_later(self) -> None:
-        """A backup's read waited behind this replica's own runs: look again a grace later,
-        for up to :data:`~.plan.BEHIND_FOR` seconds after the slot; attempt after that."""
+        """A backup's read waited behind this replica's own runs (see :func:`~.plan.queued`)."""
         if not self._live():
             return
         crew = self.crew
-        if self.slot is not None and crew.clock.now() - self.slot >= timedelta(seconds=BEHIND_FOR):
-            self.looked(None, held=False)  # as a read that failed: attempt
-        else:
-            crew.dispatcher.again(self, crew.clock.monotonic() - self.base + GRACE)
+        match queued(self.slot, crew.clock.now()):
+            case LookAgain(after):
+                crew.dispatcher.again(self, crew.clock.monotonic() - self.base + after)
+            case Attempt():
+                self.looked(None, held=False)  # as a read that failed: attempt
 
     def looked(
         self, state: FleetState | None, *, held: bool, behind: Mapping[str, datetime] = NOBODY

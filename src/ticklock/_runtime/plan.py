@@ -288,6 +288,15 @@ def behind(states: Iterable[FleetState], now: datetime) -> dict[str, datetime]:
     return {owner: max(slots) for owner, slots in late.items() if len(slots) >= BURST}
 
 
+def queued(slot: datetime | None, now: datetime) -> LookAgain | Attempt:
+    """What a backup does when its read waited behind its own replica's runs and got no
+    answer: look again a grace later, for up to :data:`BEHIND_FOR` seconds after the slot
+    (an attempt would wait behind the same runs), then attempt."""
+    if slot is not None and (now - slot).total_seconds() >= BEHIND_FOR:
+        return Attempt()
+    return LookAgain(GRACE)
+
+
 Look = Replan | LookAgain | Attempt
 """What a backup does once it has read a slot's state."""
 REPLAN = Replan()
