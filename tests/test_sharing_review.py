@@ -113,7 +113,7 @@ async def test_repairing_a_dropped_table_does_not_stall_the_other_jobs(
         # with the whole migration, whose ALTER TABLE jobs waits for the slow tick, and
         # every other tick's read of jobs queues behind that ALTER
         await pg_conn.execute(f"DROP TABLE {pg_schema}.replicas")
-        scheduler._crew.coordinator.poke()  # the next beat (at most 15 s later): now
+        scheduler._crew.session.poke()  # the next beat (at most 15 s later): now
         mark = time.monotonic()
         await anyio.sleep(8)
     after = [t for t in fast if t > mark - 1]

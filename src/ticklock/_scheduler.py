@@ -17,7 +17,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from typing_extensions import Unpack
 
 from ._backends.memory import MemoryDatabase
-from ._backends.seam import Backend, Control
+from ._backends.seam import Backend, Control, Views
 from ._errors import ScheduleError, SchedulerStateError
 from ._operators.operations import SchedulerFleet
 from ._operators.schedules import Schedules
@@ -30,6 +30,7 @@ from ._runtime.runner import Runner
 from ._runtime.service import Service
 from ._runtime.sharing import Share
 from ._schedule.job import Handler, Job, JobHealth, JobOptions, RunResult
+from ._schedule.stored import ScheduleStore
 from ._schedule.triggers import Trigger, every
 from ._schedule.validate import Duration, identifier, name, seconds
 from ._schedule.validate import dsn as valid_dsn
@@ -153,13 +154,16 @@ class Scheduler:
         """Whether this scheduler coordinates through PostgreSQL."""
         if dsn is not None or pool is not None:
             self._use_postgres(dsn, pool)
-        self._catalog = Catalog(self._crew, self._tasks)
-        self._fleet = SchedulerFleet(
-            self.namespace, lambda: self._crew.coordinator, lambda: self.jobs, self.health
-        )
-        self._schedules = Schedules(
-            lambda: self._crew.coordinator.schedules, self._tasks.keys, self._cycles.keys
-        )
+        self._catalog = Catalog(self._crew, self._tasks, self._stored)
+        self._fleet = SchedulerFleet(self.namespace, self._views, lambda: self._crew.session)
+        self._schedules = Schedules(self._stored, self._tasks.keys, self._cycles.keys)
+
+    def _views(self) -> Views:
+        """What operators see of the namespace, through this scheduler's coordinator."""
+        return self._crew.coordinator.views(lambda: self.jobs, self.health)
+
+    def _stored(self) -> ScheduleStore:
+        return self._views().schedules
 
     def _use_postgres(self, dsn: str | None, pool: asyncpg.Pool[Any] | None) -> None:
         from ._backends.postgres.coordinator import PostgresBackend
@@ -344,7 +348,7 @@ class Scheduler:
             coordinator = self._crew.coordinator = self._backend.coordinator(
                 self.owner, self._clock
             )
-            self._catalog = Catalog(self._crew, self._tasks)
+            self._catalog = Catalog(self._crew, self._tasks, self._stored)
             service = Service(
                 self._crew,
                 self._cycles,

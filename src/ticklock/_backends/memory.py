@@ -15,7 +15,8 @@ poolers) is not modelled here.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -31,7 +32,7 @@ from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint
 from .._schedule.stored import Schedule
 from .memory_fleet import MemoryFleet, Presence
 from .memory_schedules import MemorySchedules
-from .seam import Control, Declared, FleetState, OnView
+from .seam import Control, Declared, Diagnosis, FleetState, Watcher
 
 if TYPE_CHECKING:
     import asyncpg
@@ -345,6 +346,11 @@ class _MemoryAttempt:
             del self._db._held[self.job_id]
         self.acquired = False
 
+    async def record_failure(self, result: RunResult, job: Job) -> None:
+        """Count the failure in the fleet's state."""
+        await self._db._gate(self.owner)
+        self._db.fold(result)
+
 
 class MemoryCoordinator:
     """One replica's coordination through a :class:`MemoryDatabase`."""
@@ -353,21 +359,16 @@ class MemoryCoordinator:
         self.db = db
         self.owner = owner
         self._clock = clock
-        self.ready = True
-        self.problem: str | None = None
 
-    async def open(self) -> None:
-        """Nothing to prepare in memory."""
+    @property
+    def problem(self) -> str | None:
+        """Nothing keeps a database in this process from answering."""
+        return None
 
-    async def connect(self) -> None:
-        """Wait until the database answers: at once, but never for a killed replica (the
-        scheduler's reconnect loop would spin without ever yielding)."""
-        if self.owner in self.db._killed:
-            await anyio.sleep_forever()
-        await anyio.lowlevel.checkpoint()
-
-    async def close(self) -> None:
-        """Nothing to release in memory."""
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[MemorySession]:
+        """Nothing to prepare or release in memory."""
+        yield MemorySession(self)
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """Keep the jobs' declarations; a copy of the fleet's states."""
@@ -387,28 +388,17 @@ class MemoryCoordinator:
         states = {i: db.states[i] for i in job_ids if i in db.states}
         return states, frozenset(db._held.keys() & set(job_ids))
 
-    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
-        """Count the failure in the fleet's state."""
-        await self.db._gate(self.owner)
-        self.db.fold(result)
-
-    async def watch(
-        self,
-        owner: str,
-        declared: Callable[[], Declared],
-        apply: Callable[[Mapping[str, Control]], None],
-        members: OnView,
-    ) -> NoReturn:
+    async def watch(self, replica: Watcher) -> NoReturn:
         """Join the live replicas; at start and after every change, hand this replica the
         paused and triggered jobs and the view; leave when cancelled."""
-        db = self.db
+        db, owner, apply, members = self.db, replica.owner, replica.apply, replica.members
         try:
             await db._gate(owner)
         except ReplicaLost:  # killed before it started: a dead replica never joins the view
             await anyio.sleep_forever()
         clock = self._clock
         now = clock.now()
-        live = _Live(declared, now, now, anyio.Event(), clock)
+        live = _Live(replica.declared, now, now, anyio.Event(), clock)
         db._join(owner, live)
         try:
             while True:
@@ -436,31 +426,62 @@ class MemoryCoordinator:
             if db._live.get(owner) is live and owner not in db._killed:  # the dead never leave
                 db.depart(owner, clock.now())
 
+    def diagnose(self, exc: BaseException) -> Diagnosis:
+        """Lost for a replica frozen or killed, or a commit refused; in memory, only errors of
+        ticklock's own fail the start."""
+        return Diagnosis(
+            isinstance(exc, (ReplicaLost, SlotAlreadyCommitted)),
+            f"ticklock could not start: {type(exc).__name__}: {exc}",
+        )
+
+    def views(
+        self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
+    ) -> MemoryViews:
+        """The operators' view of this database, as the scheduler declaring ``jobs`` sees it."""
+        return MemoryViews(self.db, self._clock, jobs, health)
+
+
+class MemorySession:
+    """An open :class:`MemoryCoordinator`."""
+
+    def __init__(self, coordinator: MemoryCoordinator) -> None:
+        self._coordinator = coordinator
+
+    async def connected(self) -> None:
+        """Wait until the database answers: at once, but never for a killed replica (the
+        scheduler's reconnect loop would spin without ever yielding)."""
+        c = self._coordinator
+        if c.owner in c.db._killed:
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
+
     def poke(self) -> None:
-        """Something changed here (an operation, a job given up): every replica looks again."""
-        self.db.changed()
+        """Something changed here (a job given up or steered): every replica looks again."""
+        self._coordinator.db.changed()
 
     def stalled(self, job_id: str | None, seconds: float) -> None:
         """Keep a stall of this replica's loop, for the ledger."""
-        now = self._clock.now()
+        c = self._coordinator
+        now = c._clock.now()
         since = now - timedelta(seconds=seconds)
-        self.db.incidents.append(Incident(self.owner, STALLED, since, now, job_id))
+        c.db.incidents.append(Incident(c.owner, STALLED, since, now, job_id))
 
-    def classify(self, exc: BaseException) -> Outcome | None:
-        """``ERROR`` for a replica frozen or killed, or a commit refused."""
-        return Outcome.ERROR if isinstance(exc, (ReplicaLost, SlotAlreadyCommitted)) else None
 
-    def explain(self, exc: BaseException) -> str:
-        """In memory, only errors of ticklock's own fail the start."""
-        return f"ticklock could not start: {type(exc).__name__}: {exc}"
+@dataclass(frozen=True)
+class MemoryViews:
+    """The operators' view of a :class:`MemoryDatabase`, as one scheduler sees it."""
+
+    db: MemoryDatabase
+    clock: Clock
+    jobs: Callable[[], Mapping[str, Job]]
+    health: Callable[[], list[JobHealth]]
+
+    @property
+    def fleet(self) -> Fleet:
+        """The database's jobs, history, replicas and operations."""
+        return MemoryFleet(self.db, self.clock, self.jobs, self.health)
 
     @property
     def schedules(self) -> MemorySchedules:
         """The database's stored schedules."""
-        return MemorySchedules(self.db, self._clock)
-
-    def fleet(
-        self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
-    ) -> Fleet:
-        """The operators' view of this database, as the scheduler declaring ``jobs`` sees it."""
-        return MemoryFleet(self.db, self._clock, jobs, health)
+        return MemorySchedules(self.db, self.clock)

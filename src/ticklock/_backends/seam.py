@@ -8,7 +8,8 @@ and the shared in-memory database of ``ticklock.testing``);
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 from .._operators.fleet import Fleet
 from .._runtime.clock import Clock
 from .._runtime.sharing import Member
-from .._schedule.job import Job, JobHealth, Outcome, RunResult
+from .._schedule.job import Job, JobHealth, RunResult
 from .._schedule.stored import ScheduleStore
 
 if TYPE_CHECKING:
@@ -125,10 +126,6 @@ class Declared(NamedTuple):
     """The tasks it has (``@scheduler.task``): it runs their stored schedules."""
 
 
-OnView = Callable[[Mapping[str, Member], Mapping[str, datetime]], Awaitable[None]]
-"""Takes a view of the live replicas and their last heartbeats (it may yield to the loop)."""
-
-
 class Attempt(Protocol):
     """One tick's hold on its job: the lock (or not), the fleet state, the connection."""
 
@@ -156,31 +153,85 @@ class Attempt(Protocol):
         """Roll back what was not committed and release the connection."""
         ...
 
+    async def record_failure(self, result: RunResult, job: Job) -> None:
+        """Once closed: record this attempt's run, which did not commit, in a transaction of
+        its own (a batched run's hold between batches ends with it)."""
+        ...
 
-class Coordinator(Protocol):
-    """Where the fleet's state lives and how a tick excludes the others."""
+
+class Diagnosis(NamedTuple):
+    """What an error means for coordination."""
+
+    lost: bool
+    """Coordination was lost (an outage, a killed session): the run's outcome is ``error``."""
+    text: str
+    """One line for an error that waiting cannot fix: its cause, and the fix."""
+
+
+class Views(Protocol):
+    """What operators see and steer of the namespace, and its stored schedules."""
 
     @property
-    def ready(self) -> bool:
-        """Whether coordination works (PostgreSQL: the database answered, the schema is there)."""
+    def fleet(self) -> Fleet:
+        """The namespace's jobs, history, replicas and operations (raises
+        :class:`~ticklock._errors.SchedulerStateError` when that needs the scheduler running)."""
+        ...
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The namespace's stored schedules (raises as :attr:`fleet` does)."""
+        ...
+
+
+class Session(Protocol):
+    """A coordinator while it is open: what the replica tells it between its calls."""
+
+    async def connected(self) -> None:
+        """Return once coordination works (:attr:`Coordinator.problem` is ``None``), trying
+        again what opening could not do."""
+        ...
+
+    def poke(self) -> None:
+        """Make :meth:`Coordinator.watch` look again now (a job steered or given up here)."""
+        ...
+
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep, for the ledger, that this replica's event loop was blocked for ``seconds``
+        until now by ``job_id``'s handler (``None``: by other code)."""
+        ...
+
+
+class Watcher(Protocol):
+    """The runtime's side of :meth:`Coordinator.watch`: what this replica declares, and what
+    it does with what the fleet says."""
+
+    owner: str
+
+    def declared(self) -> Declared:
+        """The jobs and tasks this replica publishes now."""
+        ...
+
+    def apply(self, controls: Mapping[str, Control]) -> None:
+        """Obey operators: every paused or triggered job of the namespace."""
+        ...
+
+    async def members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
+        """A new view of the live replicas and their last heartbeats (it may yield)."""
+        ...
+
+
+class Coordinator(Protocol):
+    """Where the fleet's state lives and how a tick excludes the others: the seam between the
+    runtime and a backend."""
+
+    def session(self) -> AbstractAsyncContextManager[Session]:
+        """Open (PostgreSQL: create the pool, migrate) for as long as the context lasts; a
+        database that does not answer leaves :attr:`problem` set instead of raising."""
         ...
 
     @property
     def problem(self) -> str | None:
         """Why coordination does not work now (its error and the fix), ``None`` when it does."""
-        ...
-
-    async def open(self) -> None:
-        """Connect and prepare (PostgreSQL: create the pool, migrate); a database that does
-        not answer leaves :attr:`ready` false instead of raising."""
-        ...
-
-    async def connect(self) -> None:
-        """Return once :attr:`ready`, retrying what :meth:`open` could not do."""
-        ...
-
-    async def close(self) -> None:
-        """Release what :meth:`open` took."""
         ...
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
@@ -202,51 +253,21 @@ class Coordinator(Protocol):
         its owner should have run."""
         ...
 
-    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
-        """Record a run that did not commit, in a transaction of its own (``fence``: the
-        attempt's, which ends its hold between batches)."""
+    async def watch(self, replica: Watcher) -> NoReturn:
+        """Until cancelled: report ``replica`` as live, declaring ``replica.declared()``; hand
+        ``replica.apply`` every paused or triggered job of the namespace when that may change,
+        and ``replica.members`` the live replicas and the jobs each runs when they change."""
         ...
 
-    async def watch(
-        self,
-        owner: str,
-        declared: Callable[[], Declared],
-        apply: Callable[[Mapping[str, Control]], None],
-        members: OnView,
-    ) -> NoReturn:
-        """Until cancelled: report this replica as live, declaring ``declared()``; call
-        ``apply`` with every paused or triggered job of the namespace when that may change, and
-        ``members`` with the live replicas and the jobs each runs when they change."""
+    def diagnose(self, exc: BaseException) -> Diagnosis:
+        """What ``exc`` means: whether coordination was lost, and one line naming the fix."""
         ...
 
-    def poke(self) -> None:
-        """Make :meth:`watch` look again now (an operation was made here)."""
-        ...
-
-    def stalled(self, job_id: str | None, seconds: float) -> None:
-        """Keep, for the ledger, that this replica's event loop was blocked for ``seconds``
-        until now by ``job_id``'s handler (``None``: by other code)."""
-        ...
-
-    def classify(self, exc: BaseException) -> Outcome | None:
-        """``Outcome.ERROR`` if ``exc`` means coordination was lost (outage, killed session)."""
-        ...
-
-    def explain(self, exc: BaseException) -> str:
-        """One line for an error that waiting cannot fix: its cause, and the fix."""
-        ...
-
-    @property
-    def schedules(self) -> ScheduleStore:
-        """The namespace's stored schedules."""
-        ...
-
-    def fleet(
+    def views(
         self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
-    ) -> Fleet:
-        """What operators see and steer of the namespace (``jobs`` and ``health``: the
-        scheduler's own, for a backend that keeps no declarations of its own); raises
-        :class:`~ticklock._errors.SchedulerStateError` when that needs the scheduler running."""
+    ) -> Views:
+        """What operators see of the namespace (``jobs`` and ``health``: the scheduler's own,
+        for a backend that keeps no declarations of its own)."""
         ...
 
 

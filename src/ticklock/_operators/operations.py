@@ -1,22 +1,21 @@
 """A scheduler's jobs as operators see and steer them: the :class:`Fleet` of
 :meth:`Scheduler.fleet <ticklock.Scheduler.fleet>`.
 
-Its coordinator gives the fleet (:meth:`Coordinator.fleet
-<ticklock._backends.seam.Coordinator.fleet>`): in PostgreSQL mode the namespace's, through the
+Its coordinator gives the fleet (:meth:`Coordinator.views
+<ticklock._backends.seam.Coordinator.views>`): in PostgreSQL mode the namespace's, through the
 running scheduler's pool (an operation here reaches every replica); in memory, the database's
 replicas. Either way the replicas obey through the same path: their coordinator's ``watch``
-hands them the paused and triggered jobs; an operation here makes this replica's watch look
-again at once.
+hands them the paused and triggered jobs; an operation here pokes this replica's watch (through
+its open session), so that it looks again at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .._backends.seam import Coordinator
-from .._schedule.job import Job, JobHealth
+from .._backends.seam import Session, Views
 from .._schedule.stored import ScheduleStore
 from .fleet import Action, Fleet, JobRecord, Replica, RunRecord, SlotRecord, caller
 from .ledger import LIMIT
@@ -28,22 +27,20 @@ class SchedulerFleet:
     def __init__(
         self,
         namespace: str,
-        coordinator: Callable[[], Coordinator],
-        jobs: Callable[[], Mapping[str, Job]],
-        health: Callable[[], list[JobHealth]],
+        views: Callable[[], Views],
+        session: Callable[[], Session],
     ) -> None:
         self.namespace = namespace
-        self._coordinator = coordinator
-        self._jobs = jobs
-        self._health = health
+        self._views = views
+        self._session = session  # poked after an operation: this replica obeys at once
 
     @property
     def schedules(self) -> ScheduleStore:
         """The namespace's stored schedules (the store behind ``scheduler.schedules``)."""
-        return self._coordinator().schedules
+        return self._views().schedules
 
     def _fleet(self) -> Fleet:
-        return self._coordinator().fleet(self._jobs, self._health)
+        return self._views().fleet
 
     async def jobs(self, *, tenant: str | None = None) -> list[JobRecord]:
         """Every job of the namespace; with ``tenant``, only that tenant's stored schedules."""
@@ -68,13 +65,13 @@ class SchedulerFleet:
         """Pause the job (fleet-wide); whether it was not paused already. Audited: ``who``
         (default: this process's ``user@host``) and ``note``."""
         changed = await self._fleet().pause(job_id, note, who=who or caller())
-        self._coordinator().poke()
+        self._session().poke()
         return changed
 
     async def resume(self, job_id: str, note: str | None = None, *, who: str | None = None) -> bool:
         """Resume the job (fleet-wide); whether it was paused. Audited."""
         changed = await self._fleet().resume(job_id, note, who=who or caller())
-        self._coordinator().poke()
+        self._session().poke()
         return changed
 
     async def trigger(
@@ -82,7 +79,7 @@ class SchedulerFleet:
     ) -> datetime:
         """Ask for one run as soon as possible; returns the request's instant. Audited."""
         at = await self._fleet().trigger(job_id, note, who=who or caller())
-        self._coordinator().poke()
+        self._session().poke()
         return at
 
     async def forget(self, job_id: str, note: str | None = None, *, who: str | None = None) -> None:

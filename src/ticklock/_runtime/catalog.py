@@ -19,14 +19,14 @@ that hears of a change late runs nothing of the old one.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 
 import anyio
 
 from .._backends.seam import Control
 from .._schedule.job import Handler
-from .._schedule.stored import Schedule, job_of
+from .._schedule.stored import Schedule, ScheduleStore, job_of
 from .._telemetry import logger
 from .clock import until
 from .crew import Crew
@@ -47,9 +47,12 @@ gives only the last write's number."""
 class Catalog:
     """The cycles of the stored schedules of ``tasks`` (see the module docstring)."""
 
-    def __init__(self, crew: Crew, tasks: Mapping[str, Handler]) -> None:
+    def __init__(
+        self, crew: Crew, tasks: Mapping[str, Handler], store: Callable[[], ScheduleStore]
+    ) -> None:
         self._crew = crew
         self._tasks = tasks
+        self._store = store  # the namespace's stored schedules (through the coordinator)
         self.cycles: dict[str, Cycle] = {}
         self._seen: int | None = None  # the last write applied (None: not read yet)
         self._wake = anyio.Event()
@@ -103,7 +106,7 @@ class Catalog:
         while True:
             try:
                 if self._seen is None:
-                    self._seen, _ = await self._crew.coordinator.schedules.changes(LATEST)
+                    self._seen, _ = await self._store().changes(LATEST)
                 else:
                     await self._apply()
                 if clock.monotonic() >= next_look:
@@ -112,7 +115,7 @@ class Catalog:
                 pending, self._pending = self._pending, set()
                 await self._build([i for i in pending if i not in self.cycles])
             except Exception as exc:
-                if self._crew.coordinator.classify(exc) is None:  # not an outage: say so
+                if not self._crew.coordinator.diagnose(exc).lost:  # not an outage: say so
                     logger.warning("reading the stored schedules failed", exc_info=True)
                 else:
                     logger.debug("reading the stored schedules failed: %s", exc)
@@ -128,7 +131,7 @@ class Catalog:
         for schedule_id, cycle in list(self.cycles.items()):
             if not cycle.running and schedule_id not in self._steered and _beyond(cycle, until):
                 self._remove(schedule_id)
-        store, after = crew.coordinator.schedules, None
+        store, after = self._store(), None
         while True:
             due, after = await store.due(tuple(self._tasks), now, until, WINDOW, after)
             await self._add([s for s in due if s.id not in self.cycles])
@@ -136,7 +139,7 @@ class Catalog:
                 return
 
     async def _apply(self) -> None:
-        store = self._crew.coordinator.schedules
+        store = self._store()
         seen, ids = await store.changes(self._seen or 0)
         if ids:
             schedules = {s.id: s for s in await store.read(tuple(self._tasks), ids)}
@@ -155,7 +158,7 @@ class Catalog:
         """The cycle of the stored schedule ``schedule_id``, built now if it is not held
         (``run_now``); ``None`` when no schedule of this replica's tasks has that id."""
         if schedule_id not in self.cycles and self._tasks:
-            store = self._crew.coordinator.schedules
+            store = self._store()
             await self._add(await store.read(tuple(self._tasks), [schedule_id]))
         return self.cycles.get(schedule_id)
 
@@ -163,7 +166,7 @@ class Catalog:
         """Build the cycles of the triggered or resumed schedules ``ids`` due within the
         horizon (a trigger request is due at once)."""
         if ids:
-            store = self._crew.coordinator.schedules
+            store = self._store()
             await self._add(await store.read(tuple(self._tasks), ids), within=True)
 
     async def _add(self, schedules: list[Schedule], *, within: bool = False) -> None:

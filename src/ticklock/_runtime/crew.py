@@ -10,7 +10,7 @@ from typing import Protocol
 
 import anyio
 
-from .._backends.seam import Coordinator, FleetState
+from .._backends.seam import Coordinator, FleetState, Session
 from .._schedule.job import Job
 from .._telemetry import logger
 from .clock import Clock
@@ -43,6 +43,22 @@ class Looker(Protocol):
         ...
 
 
+class _Unopened:
+    """The session of a coordinator that is not open: nothing to tell."""
+
+    async def connected(self) -> None:
+        """Not open: nothing to wait for."""
+
+    def poke(self) -> None:
+        """No watch to wake."""
+
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """No ledger to keep it for."""
+
+
+UNOPENED: Session = _Unopened()
+
+
 @dataclass(eq=False)
 class Crew:
     """What the cycles of one scheduler share: its clock, timer, view of the fleet and, while
@@ -53,6 +69,8 @@ class Crew:
     dispatcher: Dispatcher
     share: Share
     coordinator: Coordinator
+    session: Session = UNOPENED
+    """The coordinator while it is open (a run of the scheduler)."""
     runner: Runner | None = None
     runs: Runs | None = None
     running: bool = False

@@ -158,7 +158,7 @@ class Cycle(Entry):
         watch to look again if operators steered the job while a run or look was out."""
         if self.steered:  # paused, resumed or triggered meanwhile
             self.steered = False
-            self.crew.coordinator.poke()
+            self.crew.session.poke()
         return not self.removed and self.crew.running
 
     # -- a backup's look -----------------------------------------------------------------
@@ -341,7 +341,7 @@ class Cycle(Entry):
             case TakeBack():
                 self.given_up_at, self.own_failures = None, 0
                 logger.info("%s: this replica runs it again", job_id, extra={"job_id": job_id})
-                crew.coordinator.poke()
+                crew.session.poke()
             case GiveUp():
                 self.given_up_at = now
                 logger.warning(
@@ -355,7 +355,7 @@ class Cycle(Entry):
                     GIVE_UP_FOR / 60,
                     extra={"job_id": job_id},
                 )
-                crew.coordinator.poke()
+                crew.session.poke()
 
     # -- what the fleet says -------------------------------------------------------------
 

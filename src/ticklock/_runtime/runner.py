@@ -169,7 +169,7 @@ class Runner:
                 await self._finish(job, run, started, attempt, span, jitter, lateness)
             raise
         except Exception as exc:
-            kind = self.coordinator.classify(exc) or Outcome.ERROR
+            kind = Outcome.ERROR
             run.fail(kind, exc, describe(exc))
         return await self._finish(job, run, started, attempt, span, jitter, lateness)
 
@@ -225,8 +225,8 @@ class Runner:
             # batch's commit or begin (ticklock's own statements) is judged as they are.
             broken = None if run.batches is None else run.batches.broken
             own = isinstance(exc, OSError) and exc is not broken
-            kind = None if own else self.coordinator.classify(exc)
-            run.fail(kind or Outcome.FAILURE, exc, describe(exc))
+            lost = not own and self.coordinator.diagnose(exc).lost
+            run.fail(Outcome.ERROR if lost else Outcome.FAILURE, exc, describe(exc))
             return
         except anyio.get_cancelled_exc_class() as exc:
             if _cancel_requested():
@@ -245,7 +245,8 @@ class Runner:
         batches = run.batches
         broken = None if batches is None else batches.broken
         if isinstance(broken, Exception):  # the handler swallowed it: the run fails with it
-            run.fail(self.coordinator.classify(broken) or Outcome.FAILURE, broken, describe(broken))
+            lost = self.coordinator.diagnose(broken).lost
+            run.fail(Outcome.ERROR if lost else Outcome.FAILURE, broken, describe(broken))
             return
         if batches is not None and batches.entered:
             try:
@@ -311,9 +312,9 @@ class Runner:
         if run.executed and result.outcome is not Outcome.SUCCESS:
             if run.state is not None:
                 run.state = run.state.failed(result)
+            assert attempt is not None  # only an attempt that took the lock executes
             try:
-                fence = None if attempt is None else attempt.fence
-                await self.coordinator.record_failure(result, job, fence)
+                await attempt.record_failure(result, job)
             except Exception:
                 logger.warning(
                     "could not record the %s of %s",

@@ -16,7 +16,7 @@ from .._errors import StartupError
 from .._schedule.job import Job, declaration
 from .._telemetry import logger
 from .catalog import Catalog
-from .crew import Crew
+from .crew import UNOPENED, Crew
 from .cycle import Cycle
 from .runner import Runner
 from .runs import Runs
@@ -51,7 +51,7 @@ class Service:
         self._cycles = cycles
         self._catalog = catalog
         self._coordinator = coordinator
-        self._owner = owner
+        self.owner = owner
         self._require_database = require_database
         self._shutdown_grace = shutdown_grace
         self._mode = mode
@@ -64,10 +64,10 @@ class Service:
     async def run(self, task_status: TaskStatus[None]) -> None:
         """Until cancelled (see :meth:`Scheduler.run <ticklock.Scheduler.run>`)."""
         crew, coordinator = self._crew, self._coordinator
-        crew.dispatcher.stalled = coordinator.stalled  # the ledger names this replica's stalls
         try:
-            await coordinator.open()
-            try:
+            async with coordinator.session() as session:
+                crew.session = session
+                crew.dispatcher.stalled = session.stalled  # the ledger names its loop's stalls
                 states = await self._first_load()
                 async with anyio.create_task_group() as tg:
                     runs = crew.runs = Runs()
@@ -79,9 +79,6 @@ class Service:
                     finally:
                         with anyio.CancelScope(shield=True):
                             await self._drain(runs)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await coordinator.close()
         except StartupError as exc:
             logger.error("%s", exc)  # one line: the message names the cause and the fix
             raise
@@ -91,6 +88,7 @@ class Service:
         finally:
             crew.running = False
             crew.runs = None
+            crew.session = UNOPENED
             for cycle in self._all():
                 cycle.stop()
 
@@ -99,14 +97,14 @@ class Service:
         the read: logged, and read again later); with ``require_database=True`` a refusal
         fails the start."""
         coordinator = self._coordinator
-        if not coordinator.ready:
+        if coordinator.problem is not None:
             return None
         try:
             return await self._load()
         except Exception as exc:
             if self._require_database:
-                raise StartupError(coordinator.explain(exc)) from exc
-            logger.error("%s", coordinator.explain(exc))
+                raise StartupError(coordinator.diagnose(exc).text) from exc
+            logger.error("%s", coordinator.diagnose(exc).text)
             return None
 
     async def _serve(
@@ -121,14 +119,7 @@ class Service:
         if states is None:  # the database did not answer: its ticks end as error meanwhile
             tg.start_soon(self._connect, name="ticklock.connect")
         tg.start_soon(self._catalog.follow, name="ticklock.schedules")
-        tg.start_soon(
-            self._coordinator.watch,
-            self._owner,
-            self._declared,
-            self._apply,
-            self._members,
-            name="ticklock.watch",
-        )
+        tg.start_soon(self._coordinator.watch, self, name="ticklock.watch")
         user = sum(1 for job_id in self._cycles if job_id != self._builtin)
         logger.info(
             "scheduler started (%s mode, %d job%s%s, owner %s)",
@@ -136,7 +127,7 @@ class Service:
             user,
             "" if user == 1 else "s",
             f" and the built-in {self._builtin}" if self._builtin in self._cycles else "",
-            self._owner,
+            self.owner,
         )
         task_status.started()
         await anyio.sleep_forever()
@@ -152,7 +143,7 @@ class Service:
                 states = {**(await self._coordinator.read(disabled))[0], **states}
             return states
         except Exception as exc:
-            if not self._coordinator.classify(exc):
+            if not self._coordinator.diagnose(exc).lost:
                 raise
             return None  # the coordinator is no longer ready
 
@@ -161,11 +152,11 @@ class Service:
         clock = self._crew.clock
         states = None
         while states is None:
-            await self._coordinator.connect()
+            await self._crew.session.connected()
             try:
                 states = await self._load()
             except Exception as exc:  # e.g. no permission on the tables: say so, try later
-                logger.error("%s", self._coordinator.explain(exc))
+                logger.error("%s", self._coordinator.diagnose(exc).text)
                 await clock.sleep_until(clock.monotonic() + LOAD_RETRY)
         now = clock.now()
         for job_id, cycle in self._cycles.items():
@@ -183,7 +174,11 @@ class Service:
         """Every cycle: the jobs declared in code, and the stored schedules held here."""
         return chain(self._cycles.values(), self._catalog.cycles.values())
 
-    def _declared(self) -> Declared:
+    # -- the runtime's side of the coordinator's watch (a Watcher) --------------------------
+
+    def declared(self) -> Declared:
+        """What this replica publishes: its jobs, their fingerprints, those it gave up, and
+        its tasks."""
         cycles = self._cycles.values()
         return Declared(
             tuple(c.job.id for c in cycles if c.job.enabled),
@@ -193,7 +188,7 @@ class Service:
             tuple(sorted(self._tasks)),
         )
 
-    def _apply(self, controls: Mapping[str, Control]) -> None:
+    def apply(self, controls: Mapping[str, Control]) -> None:
         """Hand each job what operators asked of it (paused since, a trigger request)."""
         if not self._crew.running:
             return
@@ -201,7 +196,7 @@ class Service:
             cycle.control(*controls.get(cycle.job.id, _NO_CONTROL))
         self._catalog.beat(controls)
 
-    async def _members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
+    async def members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
         """A new view of the live replicas: each waiting job takes its role in it, a chunk of
         :data:`VIEW_CHUNK` jobs at a time, so that the runs and timers due meanwhile are not
         held up (a job not reached yet waits as the view before had it, as when this replica

@@ -41,7 +41,6 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -50,7 +49,7 @@ import anyio
 from ..._errors import DatabaseUnavailable
 from ..._runtime.clock import Clock
 from ..._runtime.sharing import LIVE, Member
-from ..seam import Control, Declared, OnView
+from ..seam import Control, Declared, Watcher
 from .connection import connect
 from .schema import migrate
 
@@ -104,18 +103,15 @@ class Watch:
         coordinator: Database,
         dsn: str | None,
         clock: Clock,
-        owner: str,
-        declared: Callable[[], Declared],
-        apply: Callable[[Mapping[str, Control]], None],
-        members: OnView,
+        replica: Watcher,
     ) -> None:
         self._coordinator = coordinator
         self._dsn = dsn  # None: a pool the application passed, no LISTEN
         self._clock = clock
-        self._owner = owner
-        self._declared = declared
-        self._apply = apply
-        self._members = members
+        self._owner = replica.owner
+        self._declared = replica.declared
+        self._apply = replica.apply
+        self._members = replica.members
         # the other live replicas: when their job lists last changed, and what they declare
         self._others: dict[str, tuple[datetime, Member]] = {}
         self._payload = payload(coordinator.schema, coordinator.namespace)

@@ -25,27 +25,29 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from random import Random
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+import anyio
+
 from ..._errors import ClockAhead, SchedulerStateError
 from ..._operators.fleet import Fleet
 from ..._runtime.clock import Clock
-from ..._runtime.plan import next_due, overdue_at
+from ..._runtime.plan import overdue_at
 from ..._schedule import spec as _spec
-from ..._schedule.job import Job, JobHealth, Outcome, RunResult
+from ..._schedule.job import Job, JobHealth, Outcome
 from ..._schedule.lock_key import lock_key
-from ..seam import FUTURE_LIMIT, Control, Declared, FleetState, OnView
-from . import database
+from ..seam import FUTURE_LIMIT, Diagnosis, FleetState, Watcher
 from .control import Watch
 from .database import Database
 from .fleet import PostgresFleet, from_pool
 from .schedules import PostgresSchedules
 from .sql import Begun, Holder, begin, end_stale_holder
-from .tick import SERVER_GRACE, STALE_GRACE, Tick, limit_ms, storable
+from .tick import SERVER_GRACE, STALE_GRACE, Tick, limit_ms
 
 if TYPE_CHECKING:
     import asyncpg
@@ -118,13 +120,9 @@ class PostgresCoordinator:
         self._watch: Watch | None = None
 
     @property
-    def ready(self) -> bool:
-        """Whether the database answered and the schema is migrated."""
-        return self.db.ready
-
-    @property
     def problem(self) -> str | None:
-        """Why the database cannot be used now (its error and the fix), ``None`` when it can."""
+        """Why the database cannot be used now (its error and the fix), ``None`` when it can
+        (once open: a database that did not answer at open has set it)."""
         return self.db.problem
 
     @property
@@ -132,77 +130,41 @@ class PostgresCoordinator:
         """The pool ticks use (while open)."""
         return self.db.pool
 
-    async def open(self) -> None:
-        """Create the pool, migrate and check the clock (see :meth:`Database.open`)."""
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[PostgresSession]:
+        """Create the pool, migrate and check the clock (see :meth:`Database.open`), and
+        close the pool at the end if ticklock created it."""
         await self.db.open()
+        try:
+            yield PostgresSession(self)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.db.close()
 
-    async def connect(self) -> None:
-        """Return once the database answers and the schema is migrated."""
-        await self.db.connect()
+    def diagnose(self, exc: BaseException) -> Diagnosis:
+        """Lost when ``exc`` means the session or the server was lost (or not there)."""
+        return Diagnosis(self.db.classify(exc) is Outcome.ERROR, self.db.explain(exc))
 
-    async def close(self) -> None:
-        """Close the pool if ticklock created it."""
-        await self.db.close()
-
-    def classify(self, exc: BaseException) -> Outcome | None:
-        """``ERROR`` when ``exc`` means the session or the server was lost (or not there)."""
-        return self.db.classify(exc)
-
-    def explain(self, exc: BaseException) -> str:
-        """One line for an error that fails start-up: its cause, and the fix."""
-        return self.db.explain(exc)
-
-    async def watch(
-        self,
-        owner: str,
-        declared: Callable[[], Declared],
-        apply: Callable[[Mapping[str, Control]], None],
-        members: OnView,
-    ) -> NoReturn:
+    async def watch(self, replica: Watcher) -> NoReturn:
         """Beat for this replica, obey pauses and triggers, and report the live replicas
         (see :mod:`.control`)."""
-        self._watch = Watch(self.db, self.db.dsn, self.db.clock, owner, declared, apply, members)
+        self._watch = Watch(self.db, self.db.dsn, self.db.clock, replica)
         try:
             await self._watch.run()
         finally:
             self._watch = None
 
-    @property
-    def schedules(self) -> PostgresSchedules:
-        """The namespace's stored schedules, through this coordinator's pool."""
-        pool = self.db.pool
-        if pool is None:
-            raise SchedulerStateError(
-                "the scheduler is not running: in PostgreSQL mode its schedules are read and "
-                "written through its pool (use them inside 'async with scheduler', or "
-                "'ticklock schedules' from outside the app)"
-            )
-        return PostgresSchedules(from_pool(pool), schema=self.schema, namespace=self.namespace)
-
-    def fleet(
+    def views(
         self, jobs: Callable[[], Mapping[str, Job]], health: Callable[[], list[JobHealth]]
-    ) -> Fleet:
-        """The namespace's fleet through this coordinator's pool (the database keeps the
-        declarations: ``jobs`` and ``health`` are not needed)."""
-        pool = self.db.pool
-        if pool is None:
-            raise SchedulerStateError(
-                "the scheduler is not running: in PostgreSQL mode its operations use its "
-                "pool (use 'ticklock pause|resume|trigger' from outside the app)"
-            )
-        fleet: PostgresFleet = PostgresFleet(
-            from_pool(pool), schema=self.schema, namespace=self.namespace
-        )
-        return fleet
+    ) -> PostgresViews:
+        """The namespace's fleet and stored schedules through this coordinator's pool (the
+        database keeps the declarations: ``jobs`` and ``health`` are not needed)."""
+        return PostgresViews(self)
 
     def poke(self) -> None:
         """Beat now."""
         if self._watch is not None:
             self._watch.poke()
-
-    def stalled(self, job_id: str | None, seconds: float) -> None:
-        """Keep a stall of this replica's loop; its next beat records it."""
-        self.db.stalled(job_id, seconds)
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
         """Register the jobs (a row each, if new), read their fleet state, and move
@@ -394,38 +356,56 @@ class PostgresCoordinator:
         }
         return states, frozenset(row["job_id"] for row in rows if row["held"])
 
-    async def record_failure(self, result: RunResult, job: Job, fence: int | None = None) -> None:
-        """Record a run that did not commit, in its own short transaction (with ``fence``:
-        a batched run's, whose hold between batches it ends if it is still its own)."""
-        with self.db.shielded() as scope:
-            await self._record(
-                result, next_due(job, result), overdue_at(job, result.finished_at), fence
-            )
-        if scope.cancelled_caught:
-            raise TimeoutError(f"the record did not finish within {database.CLEANUP_SECONDS:g} s")
 
-    async def _record(
-        self,
-        result: RunResult,
-        next_due: datetime | None,
-        overdue: datetime | None,
-        fence: int | None,
-    ) -> None:
-        async with self.db.connection() as conn:
-            await conn.execute(
-                self.db.sql.failure,
-                self.namespace,
-                result.job_id,
-                result.slot,
-                result.finished_at,
-                result.started_at,
-                result.outcome.value,
-                result.owner,
-                None if result.error is None else storable(result.error),
-                result.manual,
-                next_due,
-                self.db.anchor(),
-                fence,
-                result.batches,
-                overdue,
-            )
+class PostgresSession:
+    """An open :class:`PostgresCoordinator`, as the replica tells it things between calls."""
+
+    def __init__(self, coordinator: PostgresCoordinator) -> None:
+        self._coordinator = coordinator
+
+    async def connected(self) -> None:
+        """Return once the database answers and the schema is migrated."""
+        await self._coordinator.db.connect()
+
+    def poke(self) -> None:
+        """Beat now."""
+        self._coordinator.poke()
+
+    def stalled(self, job_id: str | None, seconds: float) -> None:
+        """Keep a stall of this replica's loop; its next beat records it."""
+        self._coordinator.db.stalled(job_id, seconds)
+
+
+class PostgresViews:
+    """The namespace as operators see it, through a running coordinator's pool."""
+
+    def __init__(self, coordinator: PostgresCoordinator) -> None:
+        self._coordinator = coordinator
+
+    def _pool(self, what: str) -> asyncpg.Pool[Any]:
+        pool = self._coordinator.db.pool
+        if pool is None:
+            raise SchedulerStateError(f"the scheduler is not running: in PostgreSQL mode {what}")
+        return pool
+
+    @property
+    def fleet(self) -> Fleet:
+        """The namespace's fleet (operations reach every replica)."""
+        c = self._coordinator
+        pool = self._pool(
+            "its operations use its pool (use 'ticklock pause|resume|trigger' from outside the app)"
+        )
+        fleet: PostgresFleet = PostgresFleet(
+            from_pool(pool), schema=c.schema, namespace=c.namespace
+        )
+        return fleet
+
+    @property
+    def schedules(self) -> PostgresSchedules:
+        """The namespace's stored schedules."""
+        c = self._coordinator
+        pool = self._pool(
+            "its schedules are read and written through its pool (use them inside 'async with "
+            "scheduler', or 'ticklock schedules' from outside the app)"
+        )
+        return PostgresSchedules(from_pool(pool), schema=c.schema, namespace=c.namespace)

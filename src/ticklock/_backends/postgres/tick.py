@@ -338,6 +338,32 @@ class Tick:
             con.terminate()  # never reused: still in a transaction, or with state left
         await c.release(con)
 
+    async def record_failure(self, result: RunResult, job: Job) -> None:
+        """Record a run that did not commit, in its own short transaction (a batched run's
+        hold between batches ends with it, if it is still this run's fence)."""
+        c = self._db
+        with c.shielded() as scope:
+            async with c.connection() as conn:
+                await conn.execute(
+                    c.sql.failure,
+                    c.namespace,
+                    result.job_id,
+                    result.slot,
+                    result.finished_at,
+                    result.started_at,
+                    result.outcome.value,
+                    result.owner,
+                    None if result.error is None else storable(result.error),
+                    result.manual,
+                    next_due(job, result),
+                    c.anchor(),
+                    self.fence,
+                    result.batches,
+                    overdue_at(job, result.finished_at),
+                )
+        if scope.cancelled_caught:
+            raise TimeoutError(f"the record did not finish within {database.CLEANUP_SECONDS:g} s")
+
 
 def limit_ms(budget: float) -> int:
     """The server-side timeouts of a tick whose job has ``budget`` seconds, in ms."""
