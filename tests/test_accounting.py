@@ -13,8 +13,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from ticklock import JobContext, Scheduler, cron, every
 from ticklock._backends.seam import FleetState
 from ticklock._operators.fleet import Action, Fate, JobState
-from ticklock._operators.ledger import unattempted, walking
+from ticklock._operators.ledger import walking
 from ticklock._schedule.job import Job, Outcome, RunResult
+from ticklock._telemetry import unattempted
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio

@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, Status, StatusCode
 
-from ._schedule.job import Outcome, RunResult
+from ._schedule.job import Job, Outcome, RunResult
+from ._schedule.triggers import Every
+
+if TYPE_CHECKING:
+    from ._backends.seam import FleetState
 
 logger = logging.getLogger("ticklock")
 
@@ -31,6 +37,7 @@ _ERRORS = frozenset({Outcome.FAILURE, Outcome.TIMEOUT, Outcome.ERROR})
 _QUIET = frozenset({Outcome.LOCKED, Outcome.SKIPPED})
 _LEVELS = dict.fromkeys(_ERRORS, logging.ERROR) | dict.fromkeys(_QUIET, logging.DEBUG)
 _TRACED = frozenset({Outcome.FAILURE, Outcome.TIMEOUT})
+_UNCOUNTED = frozenset({Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED})
 
 LastSuccesses = Callable[[], Iterable[tuple[str, datetime]]]
 
@@ -132,10 +139,29 @@ class Telemetry:
             self.lateness.record(lateness, {JOB_ID: result.job_id})
         self._log(result, exc)
 
-    def slots(self, job_id: str, missed: int, first: bool, committed: bool, failed: bool) -> None:
-        """Count a scheduled run's slot (``first``: its first attempt, which owes it and the
-        ``missed`` ones before it), and its fate."""
-        attributes = {JOB_ID: job_id}
+    def count(
+        self,
+        job: Job,
+        result: RunResult,
+        before: FleetState | None,
+        attempt: int,
+        resumed: datetime | None,
+        *,
+        retried: bool,
+    ) -> None:
+        """Count a run that ended in the slot counters: its slot (owed at its first attempt,
+        with the slots missed before it), and its fate; nothing for a run that owes no slot
+        (manual, or one that did not execute). ``before``: the fleet's state before it;
+        ``resumed``: when this replica last saw the job resumed; ``retried``: the slot runs
+        again, so a failure is not its last."""
+        outcome = result.outcome
+        if result.manual or outcome in _UNCOUNTED:
+            return
+        first = attempt == 1
+        missed = unattempted(job, before, result, resumed) if first else 0
+        committed = outcome is Outcome.SUCCESS
+        failed = not committed and not retried
+        attributes = {JOB_ID: job.id}
         if first:
             self.owed.add(1 + missed, attributes)
         if missed:
@@ -177,6 +203,40 @@ class Telemetry:
                 "capped": result.capped,
             },
         )
+
+
+EXACT_STEPS = 60
+"""The fires :func:`unattempted` counts one by one; past them it estimates the rest."""
+
+
+def unattempted(
+    job: Job, state: FleetState | None, result: RunResult, resumed: datetime | None = None
+) -> int:
+    """How many slots the schedule owed before ``result``'s that no run attempted, not
+    counting those before ``resumed`` (the job was paused then): since the fleet's last
+    attempted slot (committed or failed) for cron; for ``every``, the intervals that passed
+    between the slot and the run's start (jitter aside). They were missed, and with
+    ``catch_up`` this run covers them. Past :data:`EXACT_STEPS` fires it estimates the rest
+    from their mean gap, so that a long outage costs a run no more than that many steps."""
+    slot, trigger = result.slot, job.trigger
+    if state is None or slot is None:
+        return 0
+    if isinstance(trigger, Every):
+        start = slot if resumed is None or resumed < slot else resumed
+        late = (result.started_at - start).total_seconds() - trigger.jitter
+        return max(0, int(late // trigger.interval))
+    attempted = [t for t in (state.last_slot, state.failed_slot, resumed) if t is not None]
+    base = max(attempted, default=None)
+    if base is None or base >= slot:
+        return 0
+    count, at = 0, trigger.next_fire(base)
+    while at is not None and at < slot:
+        count += 1
+        if count == EXACT_STEPS:
+            mean = (at - base) / count
+            return count + max(0, math.ceil(round((slot - at) / mean, 6)) - 1)
+        at = trigger.next_fire(at)
+    return count
 
 
 def _millis(slot: datetime) -> str:

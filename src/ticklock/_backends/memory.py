@@ -27,12 +27,13 @@ from .._errors import SlotAlreadyCommitted
 from .._operators.fleet import Action, Fleet, Replica
 from .._operators.ledger import STALLED, Incident
 from .._runtime.clock import Clock, until
+from .._runtime.plan import fold
 from .._runtime.sharing import LIVE, Member
-from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint
+from .._schedule.job import Job, JobHealth, RunResult, fingerprint
 from .._schedule.stored import Schedule
 from .memory_fleet import MemoryFleet, Presence
 from .memory_schedules import MemorySchedules
-from .seam import Control, Declared, Diagnosis, FleetState, Watcher
+from .seam import NO_STATE, Control, Declared, Diagnosis, FleetState, Watcher
 
 if TYPE_CHECKING:
     import asyncpg
@@ -288,14 +289,7 @@ class MemoryDatabase:
 
     def fold(self, result: RunResult) -> None:
         """Fold a run that executed into the job's state, and keep it in the history."""
-        old = self.states.get(result.job_id, FleetState())
-        if result.outcome is Outcome.SUCCESS:
-            new = old.committed(result)
-            if old.last_end is not None and old.last_end > result.finished_at:
-                new = replace(new, last_end=old.last_end)  # as PostgreSQL's greatest()
-        else:
-            new = old.failed(result)
-        self.states[result.job_id] = new
+        self.states[result.job_id] = fold(self.states.get(result.job_id, NO_STATE), result)
         self.recorded(result)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
@@ -56,50 +56,6 @@ class FleetState:
     version: int | None = None
     """A stored schedule's version as the records hold it (``None``: a job declared in code;
     0: the schedule was deleted)."""
-
-    def committed(self, result: RunResult) -> FleetState:
-        """This state with a successful run folded in."""
-        # built directly (every other field at its default), not with dataclasses.replace:
-        # this runs once or twice a run
-        return FleetState(
-            last_slot=result.slot,
-            last_end=result.finished_at,
-            last_success_at=result.finished_at,
-            paused_at=self.paused_at,
-            trigger_at=self._served(result),
-            last_owner=result.owner,
-            cursor=self.cursor,
-            version=self.version,
-        )
-
-    def failed(self, result: RunResult) -> FleetState:
-        """This state with a run that executed and did not commit folded in."""
-        last_end = self.last_end
-        if last_end is None or result.finished_at > last_end:
-            last_end = result.finished_at
-        state = replace(self, last_end=last_end, trigger_at=self._served(result))
-        if result.slot is not None and self.last_slot is not None and self.last_slot >= result.slot:
-            return state  # a later slot committed meanwhile: this failure changes nothing else
-        if result.manual:  # a manual run is not retried
-            return replace(
-                state, consecutive_failures=self.consecutive_failures + 1, last_owner=result.owner
-            )
-        same = self.failed_slot == result.slot
-        return replace(
-            state,
-            consecutive_failures=self.consecutive_failures + 1,
-            failed_slot=result.slot,
-            failed_attempts=self.failed_attempts + 1 if same else 1,
-            last_owner=result.owner,
-        )
-
-    def _served(self, result: RunResult) -> datetime | None:
-        """The trigger request left once ``result`` ran: a manual run that executed serves the
-        requests made up to its slot."""
-        pending = self.trigger_at
-        if result.manual and pending is not None and result.slot and pending <= result.slot:
-            return None
-        return pending
 
 
 NO_STATE = FleetState()

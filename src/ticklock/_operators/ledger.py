@@ -1,5 +1,5 @@
-"""The ledger: every slot a job's schedule owed in a window, and what happened to it; and the
-count of the slots a run finds missed before its own, for the slot counters (:func:`unattempted`).
+"""The ledger: every slot a job's schedule owed in a window, and what happened to it (the slot
+counters, which count as runs end, are :mod:`ticklock._telemetry`'s).
 
 Nothing is stored per slot. The slots come from the schedule (a cron job's fires; an ``every``
 job's slots from its runs, one interval after each run's end, and one an interval while none
@@ -31,15 +31,12 @@ before it was owed). A covered or skipped slot carries the same reason as a miss
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .._backends.seam import FleetState
-from .._schedule.job import Job, Outcome, RunResult
 from .._schedule.spec import Spec
 from .._schedule.triggers import Cron, Every
 from .fleet import Action, Fate, RunRecord, SlotRecord, done, iso
@@ -492,59 +489,3 @@ class _Facts:
         cut = [owner for owner, i in why.items() if i.kind == UNREACHABLE]
         said = [f"the database was unreachable (from {', '.join(cut)})"] if cut else []
         return "; ".join(said + [i.reason() for i in why.values() if i.kind != UNREACHABLE])
-
-
-EXACT_STEPS = 60
-"""The fires :func:`unattempted` counts one by one; past them it estimates the rest."""
-
-
-def unattempted(
-    job: Job, state: FleetState | None, result: RunResult, resumed: datetime | None = None
-) -> int:
-    """How many slots the schedule owed before ``result``'s that no run attempted, not
-    counting those before ``resumed`` (the job was paused then): since the fleet's last
-    attempted slot (committed or failed) for cron; for ``every``, the intervals that passed
-    between the slot and the run's start (jitter aside). They were missed, and with
-    ``catch_up`` this run covers them. Past :data:`EXACT_STEPS` fires it estimates the rest
-    from their mean gap, so that a long outage costs a run no more than that many steps."""
-    slot, trigger = result.slot, job.trigger
-    if state is None or slot is None:
-        return 0
-    if isinstance(trigger, Every):
-        start = slot if resumed is None or resumed < slot else resumed
-        late = (result.started_at - start).total_seconds() - trigger.jitter
-        return max(0, int(late // trigger.interval))
-    attempted = [t for t in (state.last_slot, state.failed_slot, resumed) if t is not None]
-    base = max(attempted, default=None)
-    if base is None or base >= slot:
-        return 0
-    count, at = 0, trigger.next_fire(base)
-    while at is not None and at < slot:
-        count += 1
-        if count == EXACT_STEPS:
-            mean = (at - base) / count
-            return count + max(0, math.ceil(round((slot - at) / mean, 6)) - 1)
-        at = trigger.next_fire(at)
-    return count
-
-
-def tally(
-    job: Job,
-    result: RunResult,
-    before: FleetState | None,
-    attempt: int,
-    resumed: datetime | None,
-    *,
-    retried: bool,
-) -> tuple[int, bool, bool, bool] | None:
-    """What a run that ended counts in the slot counters: (missed before it, its slot's first
-    attempt, committed, failed), or ``None`` for a run that owes no slot (manual, or one that
-    did not execute). ``before``: the fleet's state before it; ``resumed``: when this replica
-    last saw the job resumed; ``retried``: the slot runs again, so a failure is not its last."""
-    outcome = result.outcome
-    if result.manual or outcome in (Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED):
-        return None
-    first = attempt == 1
-    missed = unattempted(job, before, result, resumed) if first else 0
-    success = outcome is Outcome.SUCCESS
-    return missed, first, success, not success and not retried

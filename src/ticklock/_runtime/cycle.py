@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 
 from .._backends.seam import NO_STATE, FleetState
 from .._operators.health import health
-from .._operators.ledger import tally
 from .._schedule.job import Job, JobHealth, Outcome, RunResult
 from .._schedule.triggers import Cron
 from .._telemetry import logger
@@ -279,9 +278,7 @@ class Cycle(Entry):
         now = self.crew.clock.now()
         nxt = after_run(self.job, self.state or NO_STATE, now, result)
         retried = live and isinstance(nxt, Delayed) and nxt.slot == result.slot
-        counted = tally(self.job, result, before, attempt, self.credit[2], retried=retried)
-        if counted is not None:
-            runner.telemetry.slots(self.job.id, *counted)
+        runner.telemetry.count(self.job, result, before, attempt, self.credit[2], retried=retried)
         if live:
             self.wait(nxt, now)
 

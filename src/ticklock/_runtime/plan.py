@@ -6,14 +6,17 @@
   :mod:`._sharing`);
 - :func:`admit`: whether a tick that holds the lock runs its handler, and for which slot
   (:data:`Admission`);
-- :func:`busy`: whether a batched run holds the job between two of its batches.
+- :func:`busy`: whether a batched run holds the job between two of its batches;
+- :func:`fold`: the fleet's state once a run that executed is recorded (the one fold: the
+  memory backend applies it, and PostgreSQL's statements are held to it by
+  ``tests/test_contract.py``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
@@ -476,3 +479,54 @@ def standing(
     if own_failures >= job.failure_threshold and others_can_run():
         return GiveUp()
     return KEEP
+
+
+# -- the fold -------------------------------------------------------------------------------
+
+
+def fold(state: FleetState, result: RunResult) -> FleetState:
+    """``state`` once ``result`` (a run that executed) is recorded: a success commits its slot
+    (the watermark), a failure counts toward its slot's retries and the job's failures."""
+    if result.outcome is Outcome.SUCCESS:
+        last_end = state.last_end
+        # built directly (every other field at its default), not with replace: once a run
+        return FleetState(
+            last_slot=result.slot,
+            # the latest end: a run that ended later elsewhere keeps its end (fixed delay)
+            last_end=last_end
+            if last_end is not None and last_end > result.finished_at
+            else result.finished_at,
+            last_success_at=result.finished_at,
+            paused_at=state.paused_at,
+            trigger_at=_served(state, result),
+            last_owner=result.owner,
+            cursor=state.cursor,
+            version=state.version,
+        )
+    last_end = state.last_end
+    if last_end is None or result.finished_at > last_end:
+        last_end = result.finished_at
+    failed = replace(state, last_end=last_end, trigger_at=_served(state, result))
+    if result.slot is not None and state.last_slot is not None and state.last_slot >= result.slot:
+        return failed  # a later slot committed meanwhile: this failure changes nothing else
+    if result.manual:  # a manual run is not retried
+        return replace(
+            failed, consecutive_failures=state.consecutive_failures + 1, last_owner=result.owner
+        )
+    same = state.failed_slot == result.slot
+    return replace(
+        failed,
+        consecutive_failures=state.consecutive_failures + 1,
+        failed_slot=result.slot,
+        failed_attempts=state.failed_attempts + 1 if same else 1,
+        last_owner=result.owner,
+    )
+
+
+def _served(state: FleetState, result: RunResult) -> datetime | None:
+    """The trigger request left once ``result`` ran: a manual run that executed serves the
+    requests made up to its slot."""
+    pending = state.trigger_at
+    if result.manual and pending is not None and result.slot and pending <= result.slot:
+        return None
+    return pending

@@ -162,7 +162,7 @@ class Runner:
                 result = run.result = self._result(job, run, started)
                 await attempt.commit(result, job, run.cursor)
                 if run.state is not None:
-                    run.state = run.state.committed(result)
+                    run.state = _plan.fold(run.state, result)
         except anyio.get_cancelled_exc_class():
             run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
             with anyio.CancelScope(shield=True):
@@ -311,7 +311,7 @@ class Runner:
             result = self._result(job, run, started)
         if run.executed and result.outcome is not Outcome.SUCCESS:
             if run.state is not None:
-                run.state = run.state.failed(result)
+                run.state = _plan.fold(run.state, result)
             assert attempt is not None  # only an attempt that took the lock executes
             try:
                 await attempt.record_failure(result, job)
