@@ -134,7 +134,7 @@ class Walk:
 
 async def measure(dsn: str, ticks: int) -> list[dict[str, Any]]:
     from ticklock import JobContext, Scheduler, every
-    from ticklock._runtime.dispatcher import Dispatcher
+    from ticklock._runtime.loop import Dispatcher
 
     scheduler = Scheduler(dsn=dsn, namespace="walk", shutdown_grace=1.0)
 

@@ -15,8 +15,8 @@ import anyio.lowlevel
 import pytest
 
 from ticklock import JobContext, Scheduler, SystemClock, every
-from ticklock._runtime.blocked import watch as watch_with
-from ticklock._runtime.dispatcher import Dispatcher
+from ticklock._runtime.loop import Dispatcher
+from ticklock._runtime.runner import watch as watch_with
 
 
 async def watch(awaitable: Awaitable[T], job_id: str) -> T:

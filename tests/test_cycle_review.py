@@ -213,7 +213,7 @@ async def two_replicas_whose_reads_time_out(
     ``runs_in_flight``: while the replica has that many runs in flight): each replica's
     attempts over a minute."""
     from ticklock._backends.memory import MemoryCoordinator
-    from ticklock._runtime.runs import Runs
+    from ticklock._runtime.loop import Runs
 
     attempts: Counter[str] = Counter()
     attempt, read = MemoryCoordinator.attempt, MemoryCoordinator.read

@@ -25,7 +25,7 @@ from ._runtime.catalog import Catalog
 from ._runtime.clock import Clock, SystemClock
 from ._runtime.crew import Crew, last_successes
 from ._runtime.cycle import Cycle
-from ._runtime.dispatcher import Dispatcher
+from ._runtime.loop import Dispatcher
 from ._runtime.runner import Runner
 from ._runtime.service import Service
 from ._runtime.sharing import Share

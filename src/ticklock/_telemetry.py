@@ -255,7 +255,7 @@ def _from_user(
 ) -> tuple[type[BaseException], BaseException, TracebackType | None]:
     """``exc`` for the log, its traceback starting at the first frame outside ticklock (the
     user's handler), without the frames of the machinery that called it (``_runner._hold``,
-    ``_blocked.watch``...); the whole traceback when no frame is the user's. ``exc`` itself,
+    ``runner.watch``...); the whole traceback when no frame is the user's. ``exc`` itself,
     and its ``__traceback__`` that OpenTelemetry records, stay as they are."""
     whole = exc.__traceback__
     tb = whole

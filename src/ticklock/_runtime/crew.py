@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from random import Random
 from typing import Protocol
 
@@ -14,11 +15,10 @@ from .._backends.seam import Coordinator, FleetState, Session
 from .._schedule.job import Job
 from .._telemetry import logger
 from .clock import Clock
-from .dispatcher import Dispatcher
 from .entry import Entry
+from .loop import Dispatcher, Runs
 from .plan import NOBODY, behind
 from .runner import Runner
-from .runs import Runs
 from .sharing import Share
 
 READ_LIMIT = 5.0
@@ -82,10 +82,20 @@ class Crew:
         """Read ``cycle``'s job with every other look due now."""
         self.looks.append(cycle)
         if len(self.looks) == 1:
-            assert self.runs is not None
-            self.runs.start(self._read, None, "ticklock.look")
+            runs = self.runs
+            assert runs is not None
+            runs.start(partial(self._read, runs), "ticklock.look")
 
-    async def _read(self, _: None) -> None:
+    async def _read(self, runs: Runs) -> None:
+        """The looks' read: a task of ``runs`` (see :meth:`look`)."""
+        try:
+            await self._look()
+        except Exception:
+            logger.exception("a run task failed")
+        finally:
+            runs.ended()
+
+    async def _look(self) -> None:
         looks, self.looks = self.looks, []
         states: dict[str, FleetState] | None = None
         held: frozenset[str] = frozenset()

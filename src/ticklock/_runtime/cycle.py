@@ -2,7 +2,7 @@
 
 A :class:`Cycle` is its job's :class:`~.entry.Entry` and the record's only writer. It
 asks the planner (:mod:`._plan`) what to do at every step and carries out the tagged value
-it returns: it sets its :class:`~ticklock._runtime.dispatcher.Timer` from the plan, starts attempts
+it returns: it sets its :class:`~ticklock._runtime.loop.Timer` from the plan, starts attempts
 through the :class:`~ticklock._runtime.runner.Runner`, and reads its role from the
 :class:`~ticklock._runtime.sharing.Share`. The parts the cycles of one scheduler share are its
 :class:`Crew`.
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import partial
+from typing import NoReturn, cast
 
 from .._backends.seam import NO_STATE, FleetState
 from .._operators.health import health
@@ -21,6 +23,7 @@ from .._schedule.triggers import Cron
 from .._telemetry import logger
 from .crew import Crew
 from .entry import Entry
+from .loop import Dispatcher, Runs
 from .plan import (
     GIVE_UP_FOR,
     NOBODY,
@@ -150,7 +153,8 @@ class Cycle(Entry):
     def _attempt(self) -> None:
         self.running = True
         assert self.crew.runs is not None
-        self.crew.runs.start(self._tick, None, f"ticklock.run {self.job.id}")
+        runs = self.crew.runs
+        runs.start(partial(self._tick, runs), f"ticklock.run {self.job.id}")
 
     def _live(self) -> bool:
         """Whether the cycle goes on (the job declared, the scheduler running); asks the
@@ -252,7 +256,16 @@ class Cycle(Entry):
 
     # -- a tick --------------------------------------------------------------------------
 
-    async def _tick(self, _: None) -> None:
+    async def _tick(self, runs: Runs) -> None:
+        """A run of the job: a task of ``runs`` (see :meth:`_attempt`)."""
+        try:
+            await self._run()
+        except Exception:  # the run's own errors are recorded: this is ticklock's
+            logger.exception("a run task failed")
+        finally:
+            runs.ended()
+
+    async def _run(self) -> None:
         runner = self.crew.runner
         assert runner is not None
         before, attempt = self.state, self.attempt
@@ -403,3 +416,12 @@ class Cycle(Entry):
     def health(self, now: datetime, clock_now: datetime, *, problem: str | None) -> JobHealth:
         """The job's health at ``now`` as this replica sees it."""
         return health(self, now, clock_now, running=self.crew.running, problem=problem)
+
+
+async def drive(dispatcher: Dispatcher) -> NoReturn:
+    """The runtime's loop, forever: each job's timer that comes due fires its cycle (every
+    timer of the dispatcher is a :class:`Cycle`), after the pass that found them due, so that
+    a deadline a fire sets is served by the next pass."""
+    while True:
+        for timer in await dispatcher.due():
+            cast(Cycle, timer).fire()

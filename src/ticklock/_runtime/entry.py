@@ -1,6 +1,6 @@
 """A job's runtime record on this replica: what it waits for, and what it last saw.
 
-An entry is its job's :class:`~ticklock._runtime.dispatcher.Timer` too. Its cycle
+An entry is its job's :class:`~ticklock._runtime.loop.Timer` too. Its cycle
 (:class:`~ticklock._runtime.cycle.Cycle`, a subclass) is its only writer; health reads it.
 """
 
@@ -10,7 +10,7 @@ from datetime import datetime
 
 from .._backends.seam import FleetState
 from .._schedule.job import Job, fingerprint
-from .dispatcher import Timer
+from .loop import Timer
 
 NO_CREDIT: tuple[datetime | None, float, datetime | None] = (None, 0.0, None)
 

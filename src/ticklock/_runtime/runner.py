@@ -3,14 +3,21 @@
 Whatever the handler does (raise, hang, return garbage), :meth:`Runner.execute` returns a
 :class:`RunResult`; only cancellation from outside (shutdown) propagates, after the run was
 rolled back and recorded as ``cancelled``.
+
+A handler that blocks the event loop (synchronous work in an ``async def``) stops every job
+and the app with it: :func:`watch` times each step of a handler and names the job whose step
+held the loop for more than :data:`BLOCKED_WARNING` seconds, for two clock reads per step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import types
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from time import monotonic
+from typing import Any, TypeVar
 
 import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
@@ -22,10 +29,51 @@ from .._schedule.job import Job, JobContext, Outcome, RunResult
 from .._telemetry import JOB_ID, Telemetry, logger
 from . import plan as _plan
 from .batch import Batches
-from .blocked import watch
 from .clock import Clock
-from .dispatcher import Dispatcher
+from .loop import BLOCKED_WARNING, Dispatcher
 from .plan import Busy, Skip
+
+T = TypeVar("T")
+
+
+@types.coroutine
+def watch(
+    awaitable: Awaitable[T], job_id: str, blocked: Callable[[str, float], None]
+) -> Generator[Any, Any, T]:
+    """Await ``awaitable`` (a run of job ``job_id``), calling ``blocked(job_id, seconds)`` when
+    one of its steps holds the event loop for more than :data:`BLOCKED_WARNING` seconds.
+
+    A step is the code between two suspensions, so a step that long is synchronous work on
+    the loop. Two clock reads per step, no thread, no timer. The awaitable is driven step by
+    step (send, throw, close are passed through), so results, exceptions and cancellation are
+    those of the handler.
+    """
+    steps: Any = awaitable if type(awaitable) is types.CoroutineType else awaitable.__await__()
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        start = monotonic()
+        try:
+            signal = steps.send(sent) if thrown is None else steps.throw(thrown)
+        except StopIteration as stop:
+            if (held := monotonic() - start) > BLOCKED_WARNING:
+                blocked(job_id, held)
+            return stop.value  # type: ignore[no-any-return]
+        except BaseException:
+            thrown = None  # not kept: the traceback holds this frame
+            if (held := monotonic() - start) > BLOCKED_WARNING:
+                blocked(job_id, held)
+            raise
+        thrown = None
+        if (held := monotonic() - start) > BLOCKED_WARNING:
+            blocked(job_id, held)
+        try:
+            sent = yield signal
+        except GeneratorExit:  # closed without finishing: close the handler too
+            steps.close()
+            raise
+        except BaseException as exc:  # cancellation, or anything else thrown in
+            sent, thrown = None, exc
 
 
 @dataclass(slots=True)

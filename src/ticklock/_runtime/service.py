@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from datetime import datetime
+from functools import partial
 from itertools import chain
 
 import anyio
@@ -17,9 +18,9 @@ from .._schedule.job import Job, declaration
 from .._telemetry import logger
 from .catalog import Catalog
 from .crew import UNOPENED, Crew
-from .cycle import Cycle
+from .cycle import Cycle, drive
+from .loop import Runs
 from .runner import Runner
-from .runs import Runs
 from .sharing import Member, Share
 
 LOAD_RETRY = 30.0
@@ -73,7 +74,7 @@ class Service:
                     runs = crew.runs = Runs()
                     await tg.start(runs.serve)
                     # beside the runs, so that their timeouts fire while they drain
-                    runs.service(crew.dispatcher.run, "ticklock.dispatcher")
+                    runs.service(partial(drive, crew.dispatcher), "ticklock.dispatcher")
                     try:
                         await self._serve(tg, states, task_status)
                     finally:

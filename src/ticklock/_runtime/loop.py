@@ -1,18 +1,24 @@
-"""The deadline heap that drives every job of a scheduler from one task.
+"""The runtime's loop: the deadline heap that wakes every job of a scheduler from one task,
+and the task group of the runs in flight.
 
-One sleeping task for all jobs: the loop sleeps on the scheduler's clock until the earliest
-deadline and wakes early when a deadline is set or forgotten. Two kinds of deadline share it:
-a :class:`Timer` (a job's next start or look, set by its cycle), and a run's timeout
-(:meth:`Dispatcher.bound`), so that the system clock and a test's
-:class:`~ticklock.testing.ManualClock` drive the same code. It knows deadlines, not jobs.
+One sleeping task for all jobs: :meth:`Dispatcher.due` sleeps on the scheduler's clock until
+the earliest deadline and returns the timers that came due; it wakes early when a deadline is
+set or forgotten. Two kinds of deadline share it: a :class:`Timer` (a job's next start or look,
+set by its cycle), and a run's timeout (:meth:`Dispatcher.bound`), so that the system clock and
+a test's :class:`~ticklock.testing.ManualClock` drive the same code. It knows deadlines, not
+jobs: what a timer does when it comes due is its cycle's (:mod:`.cycle` drives the loop).
 
 A timer may carry a wall-clock instant (a cron slot): while one is queued the loop re-reads the
 wall clock at least every :data:`WALL_WATCH` seconds, so that a wall-clock step is noticed
-within that bound, and it never fires such a timer before its instant.
+within that bound, and it never returns such a timer before its instant.
 
-A handler that blocks the event loop stops every job and the app with it: :mod:`._blocked`
-names the job whose step held the loop; the loop warns, without a name, when it wakes late by
-as much for any other reason (code outside the handlers).
+A handler that blocks the event loop stops every job and the app with it: the runner names
+the job whose step held the loop; the loop warns, without a name, when it wakes late by as much
+for any other reason (code outside the handlers).
+
+:class:`Runs` holds the runs in flight: their task group must not be cancelled when the
+scheduler is (that is what the shutdown grace is for), so it lives in a shielded task; the
+loop runs there too, so that run timeouts still fire while the runs drain.
 """
 
 from __future__ import annotations
@@ -21,17 +27,22 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from types import TracebackType
-from typing import NoReturn
+from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup, TaskStatus
 
-from .blocked import BLOCKED_WARNING, THREADING_ADVICE
 from .clock import Clock
 from .sharing import LOOK_GRID
 
+BLOCKED_WARNING = 1.0
+"""A handler step, or a wake-up past a deadline, this many seconds long means the event loop
+was blocked: warn."""
+THREADING_ADVICE = "run it in a worker thread with 'await anyio.to_thread.run_sync(...)'"
+"""What to do about synchronous work in a handler."""
 WALL_WATCH = 5.0
 """Seconds between wall-clock checks while any cron job is scheduled (the G8 bound)."""
 STEP_TOLERANCE = 0.1
@@ -72,8 +83,7 @@ class _Timeout:
 
 
 class Timer:
-    """One deadline in the heap: :meth:`fire` is called when the clock reaches it (a subclass
-    says what firing does).
+    """One deadline in the heap, returned by :meth:`Dispatcher.due` when the clock reaches it.
 
     ``base`` is the monotonic instant the deadline counts from, ``lag`` the seconds after it
     (rounded up to :data:`LOOK_GRID`), and ``wall`` a wall-clock instant it never fires before
@@ -90,16 +100,12 @@ class Timer:
         self.generation = 0
         self.queued = False  # its current deadline is in the heap
 
-    def fire(self) -> None:
-        """The deadline came."""
-        raise NotImplementedError
-
     def __lt__(self, other: Timer) -> bool:  # heap ties on (deadline, generation)
         return id(self) < id(other)
 
 
 class Dispatcher:
-    """Holds the deadlines of every timer and of the runs in flight: fires each timer that
+    """Holds the deadlines of every timer and of the runs in flight: returns each timer that
     comes due, and cancels each run whose timeout passes."""
 
     def __init__(self, clock: Clock) -> None:
@@ -197,60 +203,57 @@ class Dispatcher:
         if self._wake is not None:
             self._wake.cancel()
 
-    async def run(self) -> NoReturn:
-        """Fire every timer that comes due and end every run that times out, forever."""
+    async def due(self) -> list[Timer]:
+        """Sleep until the earliest deadline (or until woken), end every run whose timeout
+        passed, and return the timers that came due (possibly none), each taken off the heap."""
         clock = self._clock
         heap, timeouts = self._heap, self._timeouts
+        blocks = self._blocks
+        until = min(heap[0][0] if heap else math.inf, timeouts[0][0] if timeouts else math.inf)
+        if self._walls:
+            until = min(until, clock.monotonic() + WALL_WATCH)
+        self._sleeping_until = until
+        with anyio.CancelScope() as scope:
+            self._wake = scope
+            await clock.sleep_until(until)
+        self._wake = None
+        self._sleeping_until = math.inf
+        if (
+            not scope.cancel_called
+            and (late := clock.monotonic() - until) > BLOCKED_WARNING
+            and self._blocks == blocks  # else a handler's block, named already
+        ):
+            self.stalled(None, late)
+            logger.warning(
+                "the event loop was blocked for %.1f s, so jobs start late: some code "
+                "runs synchronous work on the event loop; %s",
+                late,
+                THREADING_ADVICE,
+            )
+        now_m = clock.monotonic()
+        now = clock.now() if self._walls else None
+        if now is not None:
+            self._watch_wall(now, now_m)
+        while timeouts and (timeouts[0][2].scope is None or timeouts[0][0] <= now_m):
+            cancelled = heapq.heappop(timeouts)[2].scope
+            if cancelled is not None:
+                cancelled.cancel()
         due: list[Timer] = []
-        while True:
-            blocks = self._blocks
-            now_m = clock.monotonic()
-            now = clock.now() if self._walls else None
-            if now is not None:
-                self._watch_wall(now, now_m)
-            while timeouts and (timeouts[0][2].scope is None or timeouts[0][0] <= now_m):
-                scope = heapq.heappop(timeouts)[2].scope
-                if scope is not None:
-                    scope.cancel()
-            while heap and heap[0][0] <= now_m:
-                _, generation, timer = heapq.heappop(heap)
-                if generation != timer.generation:
-                    self._stale -= 1
-                    continue
-                self._unqueue(timer)
-                wall = timer.wall
-                if now is not None and wall is not None and wall > now:
-                    # never fire before a wall instant (the wall clock stepped back)
-                    timer.base = now_m + (wall - now).total_seconds()
-                    timer.deadline = _lagged(timer.base, timer.lag, now_m)
-                    self._push(timer)
-                    continue
-                due.append(timer)
-            # Fired after the pass, so that a deadline a fire sets is served by the next one.
-            for timer in due:
-                timer.fire()
-            due.clear()
-            until = min(heap[0][0] if heap else math.inf, timeouts[0][0] if timeouts else math.inf)
-            if self._walls:
-                until = min(until, now_m + WALL_WATCH)
-            self._sleeping_until = until
-            with anyio.CancelScope() as scope:
-                self._wake = scope
-                await clock.sleep_until(until)
-            self._wake = None
-            self._sleeping_until = math.inf
-            if (
-                not scope.cancel_called
-                and (late := clock.monotonic() - until) > BLOCKED_WARNING
-                and self._blocks == blocks  # else a handler's block, named already
-            ):
-                self.stalled(None, late)
-                logger.warning(
-                    "the event loop was blocked for %.1f s, so jobs start late: some code "
-                    "runs synchronous work on the event loop; %s",
-                    late,
-                    THREADING_ADVICE,
-                )
+        while heap and heap[0][0] <= now_m:
+            _, generation, timer = heapq.heappop(heap)
+            if generation != timer.generation:
+                self._stale -= 1
+                continue
+            self._unqueue(timer)
+            wall = timer.wall
+            if now is not None and wall is not None and wall > now:
+                # never fire before a wall instant (the wall clock stepped back)
+                timer.base = now_m + (wall - now).total_seconds()
+                timer.deadline = _lagged(timer.base, timer.lag, now_m)
+                self._push(timer)
+                continue
+            due.append(timer)
+        return due
 
     def _watch_wall(self, now: datetime, now_m: float) -> None:
         offset = now.timestamp() - now_m
@@ -284,3 +287,54 @@ def _lagged(base: float, lag: float, now: float) -> float:
     if not lag:
         return max(base, now)  # base itself unless past: a job waiting costs no second float
     return math.ceil(max(base + lag, now) / LOOK_GRID) * LOOK_GRID
+
+
+class Runs:
+    """Starts runs and drains them: wait up to a grace period, then cancel the rest."""
+
+    def __init__(self) -> None:
+        self._group: TaskGroup | None = None
+        self._in_flight = 0
+        self._idle = anyio.Event()
+        self._closed = anyio.Event()
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold the runs' task group open until :meth:`drain` has finished with it."""
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                self._group = group
+                task_status.started()
+                await self._closed.wait()
+                group.cancel_scope.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        """The runs (ticks and looks) started and not ended."""
+        return self._in_flight
+
+    def service(self, func: Callable[[], Coroutine[Any, Any, Any]], name: str) -> None:
+        """Run ``func()`` beside the runs until the group closes (not counted as a run)."""
+        assert self._group is not None
+        self._group.start_soon(func, name=name)
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        """Start ``run()`` in a task of its own, counted in flight until :meth:`ended` (the
+        run says so itself, and records its own failures)."""
+        assert self._group is not None
+        self._in_flight += 1
+        self._group.start_soon(run, name=name)
+
+    def ended(self) -> None:
+        """A run started by :meth:`start` ended."""
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for the runs in flight, then cancel the rest and wait
+        for them to roll back and record themselves."""
+        if self._in_flight:
+            self._idle = anyio.Event()
+            with anyio.move_on_after(grace):
+                await self._idle.wait()
+        self._closed.set()  # the task group cancels what is left, and waits for it
