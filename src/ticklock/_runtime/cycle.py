@@ -133,10 +133,18 @@ class Cycle(Entry):
         whether it only observes the job. A retry passes over the replica whose attempt
         failed; a trigger request is served by whichever replica hears of it."""
         if self.manual:
+            self.role_version = -1
             return (), False
         state = self.state
         failed_by = state.last_owner if attempt > 1 and state is not None else None
-        return self.crew.share.role(self.job.id, failed_by)
+        share = self.crew.share
+        if failed_by is not None:
+            self.role_version = -1
+        elif self.role_version == share.version:  # nothing it depends on changed
+            return self.ahead, self.observer
+        else:
+            self.role_version = share.version
+        return share.role(self.job.id, failed_by)
 
     def fire(self) -> None:
         """The deadline came: attempt, or (a backup) look with the others due now."""
@@ -197,7 +205,8 @@ class Cycle(Entry):
     def _looked(self, state: FleetState, held: bool, behind: Mapping[str, datetime]) -> None:
         crew = self.crew
         self.state = state
-        crew.share.ran(state.last_owner, state.last_end)
+        if crew.share.silenced:  # a replica passed over may be back
+            crew.share.ran(state.last_owner, state.last_end)
         if self.own_failures:
             self._stand()
         now, now_m = crew.clock.now(), crew.clock.monotonic()
@@ -319,7 +328,8 @@ class Cycle(Entry):
             self.state = state
             # locked with a state read: a batched run holds the job between its batches
             self.held_at = result.finished_at if result.outcome is Outcome.LOCKED else None
-            self.crew.share.ran(state.last_owner, state.last_end)
+            if self.crew.share.silenced:  # a replica passed over may be back
+                self.crew.share.ran(state.last_owner, state.last_end)
         elif result.outcome is Outcome.LOCKED:
             # when this replica first found it held, until a state read says otherwise: a
             # lock held attempt after attempt is not a run that ends within its timeout
@@ -402,15 +412,16 @@ class Cycle(Entry):
         the view now says."""
         if self.running or self.removed or self.manual or not self.queued:
             return
+        self.role_version = -1  # taken anew, in the view that changed
         role = self._role(self.attempt)
         if role == (self.ahead, self.observer):
             return
+        self.ahead, self.observer = role  # the role its version was taken at
         if self.slot is not None and self.attempt == 1:  # a slot, not a retry's delay
             # the same slot: an owner at it plus its own jitter, a backup a grace after its
             # latest fire (the owner's jitter is not this replica's)
             self.wait(OnTime(self.slot))
         else:
-            self.ahead, self.observer = role
             self.crew.dispatcher.again(self, GRACE if self.ahead and self.slot else 0.0)
 
     def health(self, now: datetime, clock_now: datetime, *, problem: str | None) -> JobHealth:

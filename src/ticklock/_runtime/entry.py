@@ -31,6 +31,7 @@ class Entry(Timer):
         "observer",
         "own_failures",
         "removed",
+        "role_version",
         "running",
         "since",
         "slot",
@@ -59,6 +60,7 @@ class Entry(Timer):
         self.credit: tuple[datetime | None, float, datetime | None] = NO_CREDIT
         self.ahead: tuple[str, ...] = ()  # the replicas ranked before this one (see _sharing)
         self.observer = False  # declared otherwise than the ruling declaration: never attempts
+        self.role_version = -1  # the share's version ahead and observer were taken at
         self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
         self.own_failures = 0  # this replica's consecutive failed runs of the job
         self.given_up_at: datetime | None = None  # this replica gave the job up (see _plan)

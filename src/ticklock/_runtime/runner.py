@@ -319,7 +319,8 @@ class Runner:
 
     def _result(self, job: Job, run: _Run, started: datetime) -> RunResult:
         assert run.outcome is not None
-        run.error = bound_error(run.error, job.id, run.slot)  # once: a cut error fits
+        if run.error is not None:  # cut once: a cut error fits
+            run.error = bound_error(run.error, job.id, run.slot)
         batches, success = run.batches, run.outcome is Outcome.SUCCESS
         in_flight = success and batches is not None and batches.current is not None
         return RunResult(

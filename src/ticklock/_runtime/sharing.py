@@ -115,7 +115,11 @@ class Share:
         self._members: dict[str, Member] = {}
         self._ranked: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}  # per view
         self._seen: Mapping[str, datetime] = {}  # each other replica's last heartbeat
-        self._silent: dict[str, datetime] = {}  # missed a slot: a heartbeat after this is news
+        self.silenced: dict[str, datetime] = {}
+        """The replicas that missed a slot: a heartbeat after this is news (read-only)."""
+        self.version = 0
+        """Changes whenever a role may have: a new view or heartbeats, a replica found silent
+        or back, a job to rank again (a cycle keeps its role until then)."""
 
     @property
     def members(self) -> Mapping[str, Member]:
@@ -126,9 +130,10 @@ class Share:
         """Take a new view, and the replicas' last heartbeats; whether the members or their
         declarations differ from the last view, or a silent replica beat again."""
         self._seen = seen
-        woke = [owner for owner in self._silent if not self.silent(owner)]
-        for owner in woke + [owner for owner in self._silent if owner not in members]:
-            self._silent.pop(owner, None)  # back, or gone from the view (dead)
+        self.version += 1
+        woke = [owner for owner in self.silenced if not self.silent(owner)]
+        for owner in woke + [owner for owner in self.silenced if owner not in members]:
+            self.silenced.pop(owner, None)  # back, or gone from the view (dead)
         if members == self._members:
             return bool(woke)
         self._members = dict(members)
@@ -138,6 +143,7 @@ class Share:
     def forget(self, job_id: str) -> None:
         """Rank ``job_id`` again when next asked (a stored schedule's task changed)."""
         self._ranked.pop(job_id, None)
+        self.version += 1
 
     def missed(self, owners: Iterable[str], at: datetime) -> None:
         """``owners`` left a slot open that this replica found open at ``at``: until one of
@@ -145,20 +151,22 @@ class Share:
         since = at - timedelta(seconds=GRACE)
         for owner in owners:
             if owner != self.me:
-                self._silent.setdefault(owner, since)
+                self.silenced.setdefault(owner, since)
+        self.version += 1
 
     def ran(self, owner: str | None, ended: datetime | None) -> None:
         """``owner`` ran a run that ended at ``ended`` (the fleet's state says so): if that was
         after it was found silent, it is back."""
         if owner is None or ended is None:
             return
-        since = self._silent.get(owner)
+        since = self.silenced.get(owner)
         if since is not None and ended > since:
-            del self._silent[owner]
+            del self.silenced[owner]
+            self.version += 1
 
     def silent(self, owner: str) -> bool:
         """Whether ``owner`` missed a slot and has not beaten since."""
-        since = self._silent.get(owner)
+        since = self.silenced.get(owner)
         seen = self._seen.get(owner)
         return since is not None and (seen is None or seen <= since)
 

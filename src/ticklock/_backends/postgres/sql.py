@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import enum
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..seam import FUTURE_LIMIT
-from .schema import SEAL_SETTING, literal, quote
+from .schema import literal, quote
 
 if TYPE_CHECKING:
     pass
@@ -21,7 +19,7 @@ class Statements:
     if the transaction is still the one that took the lock (``now()`` is its start, read under
     the lock), the server-side timeouts the tick set still hold, and the slot and end are not
     more than ``FUTURE_LIMIT`` seconds in the database's future (``$14``: the anchor of
-    :mod:`.dbtime`); it says which check failed, and (``$13``: the handler used its
+    :class:`.database.DatabaseTime`); it says which check failed, and (``$13``: the handler used its
     connection) whether SQL prepared statements are left; it deletes the transaction's seal
     (``$19``). ``failure``'s ``$11`` is the anchor, and ``$14`` the absence alarm's instant,
     from the run's end as for a success.
@@ -134,7 +132,7 @@ LEFT JOIN {s}.jobs AS j ON j.namespace = $1 AND j.job_id = v.id"""
         )
         self.commit = f"""
 WITH guard AS (
-    SELECT now() = $9::timestamptz AS same_tx, {_bounded("$10")} AS bounded,
+    SELECT now() = $9::timestamptz AS same_tx, {bounded("$10")} AS bounded,
         extract(epoch FROM greatest($3::timestamptz, $4::timestamptz)
             - greatest(clock_timestamp(), $14::timestamptz)) AS ahead,
         {fenced} AS fenced
@@ -173,7 +171,7 @@ SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
         # .tick); a later one only if the fence is still its own ($5) and its hold has not
         # ended. $3: the cursor's JSON text; $4: the transaction's start; $7: the limits the
         # batch set; $8: the handler used the connection; $9: the batch's seal.
-        batch_guard = f"SELECT now() = $4::timestamptz AS same_tx, {_bounded('$7')} AS bounded"
+        batch_guard = f"SELECT now() = $4::timestamptz AS same_tx, {bounded('$7')} AS bounded"
         self.batch = f"""
 WITH guard AS ({batch_guard}), first AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, batch_cursor, fence, busy_until)
@@ -306,41 +304,6 @@ LEFTOVERS = f"; SELECT 1 WHERE {PREPARED}"
 """After the reset: status ``SELECT 1`` when the handler left SQL prepared statements."""
 
 
-def sealed_commit(token: str) -> str:
-    """ticklock's own COMMIT of a tick's (or batch's) transaction: the one that sets the
-    token whose SHA-256 is the transaction's seal (see :mod:`.schema`), so the seal's trigger
-    lets it commit. ``token`` is ticklock's own hex text: safe to inline."""
-    if not token.isalnum():
-        raise ValueError(f"a hex token is needed, got {token!r}")
-    return f"SET LOCAL {SEAL_SETTING} = '{token}'; COMMIT"
-
-
-class Begun(enum.IntEnum):
-    """What a tick's first query found, as the row count of its status tag (``SELECT n``)."""
-
-    HELD = 0
-    """Another session holds the job's lock."""
-    ACQUIRED = 1
-    """The lock is this tick's."""
-    AHEAD = 2
-    """The slot lies in the database's future: refused, the lock not tried."""
-
-
-class Holder(enum.IntEnum):
-    """What :func:`end_stale_holder` did, as the row count of its status tag."""
-
-    LIVE = 0
-    """No ticklock holder past its deadline (or none at all any more)."""
-    ENDED = 1
-    """The holder was past its deadline: its session was ended."""
-    REFUSED = 2
-    """The holder is past its deadline, and this role may not end its session: it is not a
-    member of the holder's role, nor of ``pg_signal_backend``."""
-    SUPERUSER = 3
-    """The holder is past its deadline and runs as a superuser, which only a superuser may
-    end."""
-
-
 DEADLINE_TAG = 1528065506
 """The first key of the lock that dates a tick's transaction: ``pg_advisory_xact_lock_shared(
 DEADLINE_TAG, deadline)``, ``deadline`` the instant (unix seconds, as an unsigned 32-bit
@@ -349,30 +312,7 @@ session. ``pg_locks`` shows it to every role, and a handler cannot release it (a
 transaction-level lock lasts as long as its transaction)."""
 
 
-def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) -> str:
-    """The SQL expression that takes a tick's locks: ``key`` (the job's key in this
-    installation, :func:`ticklock.lock_key` with its schema) exclusively, ``legacy`` (the key
-    without a schema, which earlier releases take exclusively) in shared mode, and the
-    deadline lock (:data:`DEADLINE_TAG`): the transaction's start plus ``limit_ms`` (its
-    server-side bound) and ``grace_ms``, in whole seconds (rounded down, so never more than
-    ``grace_ms`` past the bound). ``wait``: wait for the locks (``pg_advisory_xact_lock``,
-    bounded by the transaction's ``lock_timeout``) and return them, else try them and return
-    whether the job's were taken (the deadline lock is taken only then). The keys are ints:
-    safe to inline."""
-    deadline = f"floor(extract(epoch FROM now()) + {(limit_ms + grace_ms) / 1000!r})::int8"
-    dated = f"(({deadline} + 2147483648) % 4294967296 - 2147483648)::int4"
-    if wait:
-        return (
-            f"pg_advisory_xact_lock({key}), pg_advisory_xact_lock_shared({legacy}), "
-            f"pg_advisory_xact_lock_shared({DEADLINE_TAG}, {dated})"
-        )
-    return (
-        f"pg_try_advisory_xact_lock({key}) AND pg_try_advisory_xact_lock_shared({legacy}) "
-        f"AND pg_try_advisory_xact_lock_shared({DEADLINE_TAG}, {dated}) IS NOT NULL"
-    )
-
-
-def _bounded(limit: str) -> str:
+def bounded(limit: str) -> str:
     """Whether the server-side timeouts a tick or batch set (``limit``: the parameter of its
     ms) still hold: ``transaction_timeout`` where the server has it, else the other two."""
     within = f"::interval BETWEEN interval '1 ms' AND {limit}::int * interval '1 ms'"
@@ -382,115 +322,3 @@ def _bounded(limit: str) -> str:
         f"AND current_setting('idle_in_transaction_session_timeout'){within} "
         f"ELSE current_setting('transaction_timeout'){within} END"
     )
-
-
-def begin_batch(
-    key: int, legacy: int, limit_ms: int, grace_ms: int, *, transaction_timeout: bool
-) -> str:
-    """A later batch's first query: BEGIN, the server-side timeouts from what is left of the
-    run's budget, and the job's locks (see :func:`locks`), waited for up to
-    :data:`BATCH_LOCK_WAIT_MS` (a rival's attempt holds them a moment to read the job's state,
-    and finds the job held between batches)."""
-    if transaction_timeout:
-        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
-    else:
-        limits = (
-            f"SET LOCAL statement_timeout = {limit_ms}; "
-            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
-        )
-    wait = min(limit_ms, BATCH_LOCK_WAIT_MS)
-    taken = locks(key, legacy, limit_ms, grace_ms, wait=True)
-    return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT {taken}"
-
-
-BATCH_LOCK_WAIT_MS = 5000
-"""How long a later batch waits for the job's lock before its run gives up."""
-
-
-def timestamp(value: datetime) -> str:
-    """``value`` (aware) as a ``timestamptz`` literal: ticklock's own value, safe to inline."""
-    if value.utcoffset() is None:
-        raise ValueError(f"an aware datetime is needed, got {value!r}")
-    return f"'{value.isoformat()}'::timestamptz"
-
-
-def begin(
-    key: int,
-    legacy: int,
-    limit_ms: int,
-    grace_ms: int,
-    *,
-    transaction_timeout: bool,
-    at: datetime,
-    anchor: datetime | None,
-) -> str:
-    """A tick's first query: BEGIN, the server-side timeouts (``transaction_timeout`` on
-    PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), the
-    future check and the locks (see :func:`locks`). Its status tag is a :class:`Begun` (a held
-    lock raises no error, so the server logs nothing).
-
-    ``at`` (the slot, or the tick's start if later) more than ``FUTURE_LIMIT`` seconds beyond
-    ``greatest(clock_timestamp(), anchor)`` (see :mod:`.dbtime`) is refused before the lock is
-    tried, and so before the handler could start. ``key`` is an int and the timestamps are
-    ticklock's own (:func:`timestamp`): safe to inline.
-    """
-    if transaction_timeout:
-        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
-    else:
-        limits = (
-            f"SET LOCAL statement_timeout = {limit_ms}; "
-            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
-        )
-    reference = "clock_timestamp()" if anchor is None else f"{timestamp(anchor)}, clock_timestamp()"
-    taken = locks(key, legacy, limit_ms, grace_ms, wait=False)
-    # OFFSET 0: the check is evaluated once, and before the lock is tried
-    return (
-        f"BEGIN; {limits}SELECT 1 FROM (SELECT {timestamp(at)} > greatest({reference}) + "
-        f"interval '{FUTURE_LIMIT:g} s' AS ahead OFFSET 0) AS c, generate_series(1, CASE "
-        f"WHEN c.ahead THEN {Begun.AHEAD:d} WHEN {taken} "
-        f"THEN {Begun.ACQUIRED:d} ELSE {Begun.HELD:d} END)"
-    )
-
-
-def end_stale_holder(key: int, wait_ms: int | None) -> str:
-    """End the session of the holder of lock ``key`` (the job's key in this installation) if
-    it is a tick of ticklock's past its deadline, waiting up to ``wait_ms`` for it to go
-    (``None``: PostgreSQL before 14, no wait). Its status tag is a :class:`Holder`.
-
-    Everything the judge reads is visible to every role: the holder is found through
-    ``pg_locks`` (an advisory lock on an int8 key has the key's high and low 32 bits as
-    ``classid`` and ``objid``, and ``objsubid`` 1), its deadline is the second key of the
-    deadline lock it holds (:data:`DEADLINE_TAG`, ``objsubid`` 2; the earliest, should there be
-    more), and its role is ``pg_stat_activity.usesysid`` (``xact_start`` and ``state`` are
-    hidden from other roles without ``pg_read_all_stats``; the session's user is not). A
-    session that holds the key without a deadline lock is not a ticklock tick: never ended.
-    Only a session this role may end is ended, by the server's own rule (a role with the
-    privileges of the holder's role or of ``pg_signal_backend``; a superuser for a superuser's
-    session), so the statement never fails on privileges.
-    """
-    hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
-    end = f"pg_terminate_backend(s.pid, {wait_ms})" if wait_ms else "pg_terminate_backend(s.pid)"
-    here = "(SELECT oid FROM pg_database WHERE datname = current_database())"
-    superuser = "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
-    signal = "(pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))"
-    # OFFSET 0: each holder is judged, then ended, once
-    return f"""SELECT 1 FROM generate_series(1, (
-    SELECT CASE WHEN bool_or(h.ended) THEN {Holder.ENDED:d}
-        WHEN bool_or(h.superuser) THEN {Holder.SUPERUSER:d}
-        WHEN count(*) > 0 AND NOT bool_or(h.may) THEN {Holder.REFUSED:d}
-        ELSE {Holder.LIVE:d} END
-    FROM (SELECT s.may, s.superuser, CASE WHEN s.may THEN {end} ELSE false END AS ended
-        FROM (SELECT k.pid, r.rolsuper AND NOT {superuser} AS superuser,
-                {signal} AND (NOT r.rolsuper OR {superuser}) AS may
-            FROM pg_locks AS k JOIN pg_stat_activity AS a ON a.pid = k.pid
-            JOIN pg_roles AS r ON r.oid = a.usesysid
-            WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
-                AND k.classid = {hi} AND k.objid = {lo} AND k.pid <> pg_backend_pid()
-                AND k.database = {here}
-                AND extract(epoch FROM clock_timestamp()) > (
-                    SELECT min(m.objid::int8) FROM pg_locks AS m
-                    WHERE m.pid = k.pid AND m.locktype = 'advisory' AND m.granted
-                        AND m.objsubid = 2 AND m.classid = {DEADLINE_TAG}
-                        AND m.database = {here})
-            OFFSET 0) AS s
-        OFFSET 0) AS h))"""
