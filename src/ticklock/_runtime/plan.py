@@ -503,12 +503,14 @@ def fold(state: FleetState, result: RunResult) -> FleetState:
             cursor=state.cursor,
             version=state.version,
         )
+    if result.slot is not None and state.last_slot is not None and state.last_slot >= result.slot:
+        # A later slot committed meanwhile (its run began once this one let go of the lock):
+        # this failure changes nothing; it stays in the history.
+        return state
     last_end = state.last_end
     if last_end is None or result.finished_at > last_end:
         last_end = result.finished_at
     failed = replace(state, last_end=last_end, trigger_at=_served(state, result))
-    if result.slot is not None and state.last_slot is not None and state.last_slot >= result.slot:
-        return failed  # a later slot committed meanwhile: this failure changes nothing else
     if result.manual:  # a manual run is not retried
         return replace(
             failed, consecutive_failures=state.consecutive_failures + 1, last_owner=result.owner
