@@ -211,7 +211,10 @@ class Dispatcher:
         blocks = self._blocks
         until = min(heap[0][0] if heap else math.inf, timeouts[0][0] if timeouts else math.inf)
         if self._walls:
-            until = min(until, clock.monotonic() + WALL_WATCH)
+            now_m = clock.monotonic()
+            if self._offset is None:  # the wall clock as it is before the sleep: a step
+                self._watch_wall(clock.now(), now_m)  # during it is noticed after it
+            until = min(until, now_m + WALL_WATCH)
         self._sleeping_until = until
         with anyio.CancelScope() as scope:
             self._wake = scope
