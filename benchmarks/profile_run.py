@@ -36,7 +36,9 @@ MODES = ["base", "gc", "telemetry", "tracing", "watch", "timeout"]
 
 def ablate(mode: str) -> None:
     """Switch the part ``mode`` names off, in this process."""
-    from ticklock import _dispatcher, _runner, _telemetry
+    from ticklock import _telemetry
+    from ticklock._runtime import loop as _loop
+    from ticklock._runtime import runner as _runner
 
     if mode == "gc":
         gc.disable()
@@ -62,7 +64,7 @@ def ablate(mode: str) -> None:
             def __exit__(self, *exc_info: object) -> bool:
                 return False
 
-        _dispatcher.Dispatcher.bound = lambda self, deadline: Unbounded()  # type: ignore[assignment,method-assign,return-value]
+        _loop.Dispatcher.bound = lambda self, deadline: Unbounded()  # type: ignore[assignment,method-assign,return-value]
 
 
 async def measure(seconds: float, profile: str | None) -> float:
