@@ -35,6 +35,7 @@ of rendezvous hashing), and an owner's jobs spread over all the others when it d
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from hashlib import blake2b
@@ -103,6 +104,10 @@ _ALONE = Role(())
 """The role of a replica that attempts each slot itself."""
 
 
+_VERSIONS = itertools.count(1)
+"""Versions of every share in this process: a new share never has an old one's."""
+
+
 class Share:
     """This replica's view of the live replicas and the jobs each declares, and the role of
     this replica for each job in it."""
@@ -117,7 +122,7 @@ class Share:
         self._seen: Mapping[str, datetime] = {}  # each other replica's last heartbeat
         self.silenced: dict[str, datetime] = {}
         """The replicas that missed a slot: a heartbeat after this is news (read-only)."""
-        self.version = 0
+        self.version = next(_VERSIONS)
         """Changes whenever a role may have: a new view or heartbeats, a replica found silent
         or back, a job to rank again (a cycle keeps its role until then)."""
 
@@ -130,7 +135,7 @@ class Share:
         """Take a new view, and the replicas' last heartbeats; whether the members or their
         declarations differ from the last view, or a silent replica beat again."""
         self._seen = seen
-        self.version += 1
+        self.version = next(_VERSIONS)
         woke = [owner for owner in self.silenced if not self.silent(owner)]
         for owner in woke + [owner for owner in self.silenced if owner not in members]:
             self.silenced.pop(owner, None)  # back, or gone from the view (dead)
@@ -143,7 +148,7 @@ class Share:
     def forget(self, job_id: str) -> None:
         """Rank ``job_id`` again when next asked (a stored schedule's task changed)."""
         self._ranked.pop(job_id, None)
-        self.version += 1
+        self.version = next(_VERSIONS)
 
     def missed(self, owners: Iterable[str], at: datetime) -> None:
         """``owners`` left a slot open that this replica found open at ``at``: until one of
@@ -152,7 +157,7 @@ class Share:
         for owner in owners:
             if owner != self.me:
                 self.silenced.setdefault(owner, since)
-        self.version += 1
+        self.version = next(_VERSIONS)
 
     def ran(self, owner: str | None, ended: datetime | None) -> None:
         """``owner`` ran a run that ended at ``ended`` (the fleet's state says so): if that was
@@ -162,7 +167,7 @@ class Share:
         since = self.silenced.get(owner)
         if since is not None and ended > since:
             del self.silenced[owner]
-            self.version += 1
+            self.version = next(_VERSIONS)
 
     def silent(self, owner: str) -> bool:
         """Whether ``owner`` missed a slot and has not beaten since."""
