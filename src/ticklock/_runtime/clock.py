@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
-from functools import partial
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -31,11 +29,13 @@ class SystemClock:
 
     __slots__ = ("__weakref__",)  # the database's time is carried per clock object
 
-    # Read several times a run: the library's own functions, with no Python frame between.
-    now: Callable[[], datetime] = staticmethod(partial(datetime.now, timezone.utc))
-    """The current wall time, aware, in UTC."""
-    monotonic: Callable[[], float] = staticmethod(time.monotonic)
-    """``time.monotonic()``: it never steps (a VM suspend pauses it)."""
+    def now(self) -> datetime:
+        """The current wall time, aware, in UTC."""
+        return datetime.now(timezone.utc)
+
+    def monotonic(self) -> float:
+        """``time.monotonic()``: it never steps (a VM suspend pauses it)."""
+        return time.monotonic()
 
     async def sleep_until(self, deadline: float) -> None:
         """Sleep until ``time.monotonic()`` reaches ``deadline``."""
