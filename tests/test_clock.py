@@ -10,7 +10,7 @@ import anyio.lowlevel
 import pytest
 import time_machine
 
-from ticklock import JobContext, Scheduler, cron
+from ticklock import JobContext, Scheduler, cron, every
 from ticklock.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -83,3 +83,42 @@ async def test_a_forward_wall_step_is_noticed_within_five_seconds() -> None:
     slot, wall, waited = await _first_fire(60.0, start)  # 12:01:02: the 12:01 fire is due
     assert slot == datetime(2026, 1, 1, 12, 1, tzinfo=timezone.utc)
     assert waited <= 5.5  # not the 58 s the monotonic deadline said
+
+
+class _SteppingClock(ManualClock):
+    """A manual clock whose wall time can step (``offset``) while its monotonic time runs on."""
+
+    def __init__(self, start: datetime) -> None:
+        super().__init__(start)
+        self.offset = 0.0
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=self.offset)
+
+
+async def test_a_wall_step_after_the_first_cron_job_is_added_while_running_is_noticed() -> None:
+    # The loop sleeps toward an every() job's deadline when the first cron job is added; the
+    # wall clock then steps forward 59 minutes: the hourly fire it passed comes within 5 s.
+    clock = _SteppingClock(datetime(2026, 1, 1, 12, 0, 30, tzinfo=timezone.utc))
+    scheduler = Scheduler(clock=clock, owner="a")
+    fired: list[tuple[datetime, float]] = []
+
+    @scheduler.job(every(10, initial_delay=10), id="tick", timeout=5)
+    async def tick(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:
+        await clock.advance(1)
+
+        @scheduler.job(cron("0 * * * *"), id="hourly", timeout=5)
+        async def hourly(ctx: JobContext) -> None:
+            fired.append((ctx.slot, clock.monotonic()))
+
+        await clock.advance(1)
+        clock.offset = 59 * 60.0  # 12:00:32 -> 12:59:32: 13:00 passes 28 s later
+        stepped = clock.monotonic()
+        for _ in range(40):
+            await clock.advance(1)
+    [(slot, at)] = fired
+    assert slot == datetime(2026, 1, 1, 13, tzinfo=timezone.utc)
+    assert at - stepped <= 28 + 5  # noticed within the 5 s bound, not an hour late

@@ -147,7 +147,11 @@ class Dispatcher:
     def _push(self, timer: Timer) -> None:
         heapq.heappush(self._heap, (timer.deadline, timer.generation, timer))
         timer.queued = True
-        self._walls += timer.wall is not None
+        if timer.wall is not None:
+            if not self._walls:  # the wall clock is watched from now: a step after is news
+                clock = self._clock
+                self._offset = clock.now().timestamp() - clock.monotonic()
+            self._walls += 1
 
     def _unqueue(self, timer: Timer) -> None:
         timer.queued = False
@@ -211,10 +215,7 @@ class Dispatcher:
         blocks = self._blocks
         until = min(heap[0][0] if heap else math.inf, timeouts[0][0] if timeouts else math.inf)
         if self._walls:
-            now_m = clock.monotonic()
-            if self._offset is None:  # the wall clock as it is before the sleep: a step
-                self._watch_wall(clock.now(), now_m)  # during it is noticed after it
-            until = min(until, now_m + WALL_WATCH)
+            until = min(until, clock.monotonic() + WALL_WATCH)
         self._sleeping_until = until
         with anyio.CancelScope() as scope:
             self._wake = scope
