@@ -130,3 +130,34 @@ async def test_each_backend_folds_every_run_as_plan_fold_does(
         # the sequence reached every branch of the fold
         assert expected.last_slot == at(11) and expected.last_end == at(28)
         assert expected.consecutive_failures == 0 and expected.failed_slot is None
+
+
+async def test_a_manual_failure_of_a_slot_already_passed_still_serves_its_trigger(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    # A manual run whose slot is not after the watermark (its replica's clock behind the one
+    # that committed) cannot commit; its failure must still serve the trigger request, or
+    # every beat would serve it again, run the handler and fail again.
+    pg_dsn = request.getfixturevalue("pg_dsn") if kind == "postgres" else ""
+    async with coordinator(kind, pg_dsn) as c:
+        await c.load({JOB.id: JOB}, BASE)
+        now = datetime.now(timezone.utc)
+        ahead = now + timedelta(seconds=1.5)  # within the database's bound for its future
+        attempt = await c.attempt(JOB.id, JOB.timeout, ahead)
+        await attempt.commit(RunResult(JOB.id, Outcome.SUCCESS, ahead, now, now, "B"), JOB)
+        await attempt.close()
+        await c.views(lambda: {JOB.id: JOB}, list).fleet.trigger(JOB.id, who="test")
+        before = (await c.read([JOB.id]))[0][JOB.id]
+        assert before.trigger_at is not None and before.trigger_at <= ahead
+        slot = before.trigger_at  # the request's instant: at or before the watermark
+        failed = RunResult(
+            JOB.id, Outcome.ERROR, slot, slot, datetime.now(timezone.utc), "A", manual=True
+        )
+        attempt = await c.attempt(JOB.id, JOB.timeout, slot)
+        assert attempt.acquired
+        await attempt.close()
+        await attempt.record_failure(failed, JOB)
+        after = (await c.read([JOB.id]))[0][JOB.id]
+        assert after == fold(before, failed)
+        assert after.trigger_at is None  # served
+        assert after.last_slot == ahead and after.consecutive_failures == 0  # nothing else

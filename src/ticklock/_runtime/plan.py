@@ -505,8 +505,11 @@ def fold(state: FleetState, result: RunResult) -> FleetState:
         )
     if result.slot is not None and state.last_slot is not None and state.last_slot >= result.slot:
         # A later slot committed meanwhile (its run began once this one let go of the lock):
-        # this failure changes nothing; it stays in the history.
-        return state
+        # this failure changes nothing but the trigger request a manual run served (else the
+        # request would be served again, and fail again, at every beat); it stays in the
+        # history.
+        served = _served(state, result)
+        return state if served is state.trigger_at else replace(state, trigger_at=served)
     last_end = state.last_end
     if last_end is None or result.finished_at > last_end:
         last_end = result.finished_at

@@ -260,6 +260,31 @@ FROM beat,
             "$4::timestamptz <= greatest(clock_timestamp(), $11::timestamptz) "
             f"+ interval '{FUTURE_LIMIT:g} s'"
         )
+        stale = "j.last_slot >= $3"  # the failure of a slot already passed
+        folded = ",\n        ".join(
+            f"{column} = CASE WHEN {stale} THEN j.{column} ELSE {value} END"
+            for column, value in (
+                ("last_end", "GREATEST(j.last_end, EXCLUDED.last_end)"),
+                (
+                    "overdue_at",
+                    "CASE WHEN j.last_end > EXCLUDED.last_end THEN j.overdue_at "
+                    "ELSE EXCLUDED.overdue_at END",
+                ),
+                ("last_outcome", "EXCLUDED.last_outcome"),
+                ("consecutive_failures", "j.consecutive_failures + 1"),
+                (
+                    "failed_attempts",
+                    "CASE WHEN $9 THEN j.failed_attempts WHEN j.failed_slot = $3 "
+                    "THEN j.failed_attempts + 1 ELSE 1 END",
+                ),
+                ("failed_slot", "CASE WHEN $9 THEN j.failed_slot ELSE $3 END"),
+                ("next_due", "EXCLUDED.next_due"),
+                ("last_owner", "EXCLUDED.last_owner"),
+                ("last_error", "EXCLUDED.last_error"),
+                ("updated_at", "now()"),
+                ("busy_until", "CASE WHEN j.fence = $12::bigint THEN NULL ELSE j.busy_until END"),
+            )
+        )
         self.failure = f"""
 WITH j AS (
     INSERT INTO {s}.jobs AS j (namespace, job_id, last_end, last_outcome,
@@ -268,19 +293,11 @@ WITH j AS (
     SELECT $1, $2, $4, $6, 1, CASE WHEN $9::boolean THEN NULL ELSE $3::timestamptz END,
         CASE WHEN $9 THEN 0 ELSE 1 END, $10, $7, $8, now(), $14::timestamptz WHERE {sane}
     ON CONFLICT (namespace, job_id) DO UPDATE SET
-        last_end = GREATEST(j.last_end, EXCLUDED.last_end),
-        overdue_at = CASE WHEN j.last_end > EXCLUDED.last_end THEN j.overdue_at
-            ELSE EXCLUDED.overdue_at END,
-        last_outcome = EXCLUDED.last_outcome,
-        consecutive_failures = j.consecutive_failures + 1,
-        failed_attempts = CASE WHEN $9 THEN j.failed_attempts
-            WHEN j.failed_slot = $3 THEN j.failed_attempts + 1 ELSE 1 END,
-        failed_slot = CASE WHEN $9 THEN j.failed_slot ELSE $3 END,
-        next_due = EXCLUDED.next_due, last_owner = EXCLUDED.last_owner,
-        last_error = EXCLUDED.last_error, trigger_at = {served.format(m="$9")},
-        updated_at = now(),
-        busy_until = CASE WHEN j.fence = $12::bigint THEN NULL ELSE j.busy_until END
-    WHERE j.last_slot IS NULL OR j.last_slot < $3
+        {folded},
+        trigger_at = {served.format(m="$9")}
+    -- a failure of a slot at or before the watermark (a later slot committed meanwhile)
+    -- changes nothing but the trigger request a manual run served
+    WHERE j.last_slot IS NULL OR j.last_slot < $3 OR ($9 AND j.trigger_at <= $3)
 )
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error,
     manual, batches)
