@@ -143,8 +143,8 @@ class Session(Protocol):
     """A coordinator while it is open: what the replica tells it between its calls."""
 
     async def connected(self) -> None:
-        """Return once coordination works (:attr:`Coordinator.problem` is ``None``), trying
-        again what opening could not do."""
+        """Return once coordination works (PostgreSQL: the database answers and the schema
+        is migrated), trying again, with backoff, what opening could not do."""
         ...
 
     def poke(self) -> None:
