@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import anyio
 
 from ticklock import Scheduler
+from ticklock.testing import ManualClock
 
 UTC = timezone.utc
 TESTS = Path(__file__).parent
@@ -225,3 +226,15 @@ class Replicas:
         result = Result(done.returncode, done.stdout.decode(), done.stderr.decode())
         assert "Traceback" not in result.err, result
         return result
+
+
+class SteppingClock(ManualClock):
+    """A ManualClock whose wall clock can step (NTP, a VM resume): ``offset`` seconds are added
+    to ``now()``; ``monotonic()`` and the sleepers do not see it."""
+
+    def __init__(self, start: datetime) -> None:
+        super().__init__(start)
+        self.offset = 0.0
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=self.offset)

@@ -10,6 +10,7 @@ import anyio.lowlevel
 import pytest
 import time_machine
 
+from helpers import SteppingClock
 from ticklock import JobContext, Scheduler, cron, every
 from ticklock.testing import ManualClock
 
@@ -85,21 +86,10 @@ async def test_a_forward_wall_step_is_noticed_within_five_seconds() -> None:
     assert waited <= 5.5  # not the 58 s the monotonic deadline said
 
 
-class _SteppingClock(ManualClock):
-    """A manual clock whose wall time can step (``offset``) while its monotonic time runs on."""
-
-    def __init__(self, start: datetime) -> None:
-        super().__init__(start)
-        self.offset = 0.0
-
-    def now(self) -> datetime:
-        return super().now() + timedelta(seconds=self.offset)
-
-
 async def test_a_wall_step_after_the_first_cron_job_is_added_while_running_is_noticed() -> None:
     # The loop sleeps toward an every() job's deadline when the first cron job is added; the
     # wall clock then steps forward 59 minutes: the hourly fire it passed comes within 5 s.
-    clock = _SteppingClock(datetime(2026, 1, 1, 12, 0, 30, tzinfo=timezone.utc))
+    clock = SteppingClock(datetime(2026, 1, 1, 12, 0, 30, tzinfo=timezone.utc))
     scheduler = Scheduler(clock=clock, owner="a")
     fired: list[tuple[datetime, float]] = []
 

@@ -11,23 +11,12 @@ from datetime import datetime, timedelta, timezone
 import anyio
 import pytest
 
+from helpers import SteppingClock
 from ticklock import JobContext, Scheduler, cron, every
 from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = pytest.mark.anyio
 UTC = timezone.utc
-
-
-class SteppingClock(ManualClock):
-    """A ManualClock whose wall clock can step (NTP, a VM resume): ``offset`` seconds are added
-    to ``now()``; ``monotonic()`` and the sleepers do not see it."""
-
-    def __init__(self, start: datetime) -> None:
-        super().__init__(start)
-        self.offset = 0.0
-
-    def now(self) -> datetime:
-        return super().now() + timedelta(seconds=self.offset)
 
 
 # -- wall-clock steps with cron jobs ---------------------------------------------------------

@@ -134,6 +134,17 @@ def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) ->
     )
 
 
+def _limits(limit_ms: int, *, transaction_timeout: bool) -> str:
+    """The server-side timeouts of a tick or batch: ``transaction_timeout`` on PostgreSQL 17+
+    (it bounds the transaction idle or busy), else the other two."""
+    if transaction_timeout:
+        return f"SET LOCAL transaction_timeout = {limit_ms}; "
+    return (
+        f"SET LOCAL statement_timeout = {limit_ms}; "
+        f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
+    )
+
+
 def begin_batch(
     key: int, legacy: int, limit_ms: int, grace_ms: int, *, transaction_timeout: bool
 ) -> str:
@@ -141,13 +152,7 @@ def begin_batch(
     run's budget, and the job's locks (see :func:`locks`), waited for up to
     :data:`BATCH_LOCK_WAIT_MS` (a rival's attempt holds them a moment to read the job's state,
     and finds the job held between batches)."""
-    if transaction_timeout:
-        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
-    else:
-        limits = (
-            f"SET LOCAL statement_timeout = {limit_ms}; "
-            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
-        )
+    limits = _limits(limit_ms, transaction_timeout=transaction_timeout)
     wait = min(limit_ms, BATCH_LOCK_WAIT_MS)
     taken = locks(key, legacy, limit_ms, grace_ms, wait=True)
     return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT {taken}"
@@ -184,13 +189,7 @@ def begin(
     before the lock is tried, and so before the handler could start. ``key`` is an int and
     the timestamps are ticklock's own (:func:`timestamp`): safe to inline.
     """
-    if transaction_timeout:
-        limits = f"SET LOCAL transaction_timeout = {limit_ms}; "
-    else:
-        limits = (
-            f"SET LOCAL statement_timeout = {limit_ms}; "
-            f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; "
-        )
+    limits = _limits(limit_ms, transaction_timeout=transaction_timeout)
     reference = "clock_timestamp()" if anchor is None else f"{timestamp(anchor)}, clock_timestamp()"
     taken = locks(key, legacy, limit_ms, grace_ms, wait=False)
     # OFFSET 0: the check is evaluated once, and before the lock is tried
