@@ -539,3 +539,14 @@ async def test_a_replica_that_found_the_lock_held_attempts_once_it_is_held_past_
             await held.close()  # (in memory no attempt ends a holder: it goes by itself)
             await b.clock.advance(16)
     assert b.starts == [30.0]  # locked at 15: it looked again at 29, and a grace later ran
+
+
+def test_a_cycle_never_keeps_a_role_taken_in_an_earlier_share() -> None:
+    # A cycle keeps its role while its share's version is the one it took it at: a share of a
+    # scheduler's later run (a new Share) must never come with a version an earlier one had.
+    earlier = Share("A")
+    seen = {earlier.version}
+    earlier.missed(["B"], datetime(2026, 1, 1, tzinfo=timezone.utc))
+    seen.add(earlier.version)
+    later = Share("A")
+    assert later.version not in seen
