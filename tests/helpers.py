@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
+import pytest
 
 from ticklock import Scheduler
 from ticklock.testing import ManualClock
@@ -238,3 +239,16 @@ class SteppingClock(ManualClock):
 
     def now(self) -> datetime:
         return super().now() + timedelta(seconds=self.offset)
+
+
+EACH_BACKEND = pytest.mark.parametrize(
+    ("anyio_backend", "kind"),
+    [
+        ("asyncio", "memory"),
+        ("trio", "memory"),
+        pytest.param("asyncio", "postgres", marks=pytest.mark.postgres),
+    ],
+    indirect=["anyio_backend"],
+)
+"""A test on each backend: memory (on asyncio and trio) and PostgreSQL (asyncio); it takes
+``kind``."""

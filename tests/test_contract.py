@@ -33,7 +33,7 @@ import anyio
 import pytest
 
 from contract_jobs import BACKLOG, CAP, CHUNK, INTERVAL, declare
-from helpers import Replicas, eventually
+from helpers import EACH_BACKEND, Replicas, eventually
 from ticklock import Scheduler
 from ticklock._operators.fleet import RunRecord
 from ticklock._runtime.sharing import GRACE, weight
@@ -41,15 +41,7 @@ from ticklock.testing import ManualClock, MemoryDatabase
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.parametrize(
-        ("anyio_backend", "kind"),
-        [
-            ("asyncio", "memory"),
-            ("trio", "memory"),
-            pytest.param("asyncio", "postgres", marks=pytest.mark.postgres),
-        ],
-        indirect=["anyio_backend"],
-    ),
+    EACH_BACKEND,
 ]
 
 FAILOVER = 2.0

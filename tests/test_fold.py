@@ -19,6 +19,7 @@ from random import Random
 
 import pytest
 
+from helpers import EACH_BACKEND
 from ticklock import JobContext, every
 from ticklock._backends.seam import NO_STATE, Coordinator
 from ticklock._runtime.clock import SystemClock
@@ -28,15 +29,7 @@ from ticklock.testing import MemoryDatabase
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.parametrize(
-        ("anyio_backend", "kind"),
-        [
-            ("asyncio", "memory"),
-            ("trio", "memory"),
-            pytest.param("asyncio", "postgres", marks=pytest.mark.postgres),
-        ],
-        indirect=["anyio_backend"],
-    ),
+    EACH_BACKEND,
 ]
 
 

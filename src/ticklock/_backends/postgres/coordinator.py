@@ -10,7 +10,7 @@ skips takes 3; a refused slot takes 2, and its handler never starts. "The databa
 is measured from ``greatest(clock_timestamp(), anchor)`` (see
 :class:`.database.DatabaseTime`), here and in the commit's and the failure record's checks.
 
-The locks are transaction-level (``pg_try_advisory_xact_lock``, see :func:`.tick.locks` for
+The locks are transaction-level (``pg_try_advisory_xact_lock``, see :func:`.begin.locks` for
 the three a tick takes): they are released by COMMIT, ROLLBACK or the end of the session, never
 by a timer, and they work through transaction-mode poolers. ``SET LOCAL`` timeouts make the
 server end the session of a holder that is paused (GC, SIGSTOP, VM suspend), which frees the
@@ -22,6 +22,7 @@ The coordinator composes the database's readiness (:mod:`.database`), the tick
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -30,23 +31,24 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from random import Random
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import anyio
 
-from ..._errors import SchedulerStateError
+from ..._errors import ClockAhead, SchedulerStateError
 from ..._operators.fleet import Fleet
 from ..._runtime.clock import Clock
 from ..._runtime.plan import overdue_at
 from ..._schedule import spec as _spec
 from ..._schedule.job import Job, JobHealth, Outcome
 from ..._schedule.lock_key import lock_key
-from ..seam import Diagnosis, FleetState, Watcher
+from ..seam import FUTURE_LIMIT, Diagnosis, FleetState, Watcher
+from .begin import Begun, Holder, begin, end_stale_holder
 from .control import Watch
 from .database import Database
 from .fleet import PostgresFleet, from_pool
 from .schedules import PostgresSchedules
-from .tick import Ticking
+from .tick import SERVER_GRACE, STALE_GRACE, Tick, limit_ms
 
 if TYPE_CHECKING:
     import asyncpg
@@ -54,6 +56,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger("ticklock")
 
 
+def _role(conn: asyncpg.Connection[Any]) -> str:
+    """The role this replica's sessions run as (as the server reported it)."""
+    try:
+        return str(conn.get_settings().session_authorization)
+    except AttributeError:
+        return "the replicas' role"
+
+
+def _refusal(holder: Holder, role: str) -> tuple[str, str]:
+    """Why a holder past its deadline may not be ended, and the fix, for the WARNING."""
+    if holder is Holder.SUPERUSER:
+        return (
+            "it runs as a superuser, whose session only a superuser may end",
+            "Run the replicas as a role that is not a superuser",
+        )
+    return (
+        f"this replica's role ({role}) may not end its session",
+        f"GRANT pg_signal_backend TO {role} (or run every replica as one role)",
+    )
+
+
+KEYS_CACHED = 4096
+"""The jobs whose lock keys a coordinator keeps computed."""
+GRACE_MS = int(STALE_GRACE * 1000)
 _RESCHEDULE = "ticklock.reschedule"  # the advisory lock that serialises load()'s updates
 
 
@@ -84,7 +110,7 @@ class PostgresBackend:
         )
 
 
-class PostgresCoordinator(Ticking):
+class PostgresCoordinator:
     """Coordination through one PostgreSQL database (see the module docstring and
     :class:`~.database.Database` for what happens while it does not answer)."""
 
@@ -92,7 +118,7 @@ class PostgresCoordinator(Ticking):
         self.db = db
         self.namespace = db.namespace
         self.schema = db.schema
-        self._refused = set()
+        self._refused: set[Holder] = set()  # why a stale holder may not be ended: said once
         self._keys = self._lock_keys()
         self._watch: Watch | None = None
 
@@ -192,6 +218,131 @@ class PostgresCoordinator(Ticking):
                     ids, ends, dues = (list(column) for column in zip(*moved, strict=True))
                     await conn.execute(self.db.sql.reschedule, self.namespace, ids, ends, dues)
         return states
+
+    def _lock_keys(self) -> Callable[[str], tuple[int, int]]:
+        """A job's two lock keys (in this installation's schema, and the legacy one),
+        computed once per job while it runs often (a bounded cache: a namespace may hold many
+        stored schedules)."""
+
+        @functools.lru_cache(maxsize=KEYS_CACHED)
+        def keys(job_id: str) -> tuple[int, int]:
+            return (
+                lock_key(self.namespace, job_id, schema=self.schema),
+                lock_key(self.namespace, job_id),
+            )
+
+        return keys
+
+    async def _begin(
+        self, conn: asyncpg.Connection[Any], job_id: str, budget: float, at: datetime
+    ) -> Begun:
+        statement = begin(
+            *self._keys(job_id),
+            limit_ms(budget),
+            GRACE_MS,
+            transaction_timeout=self.db.transaction_timeout,
+            at=at,
+            anchor=self.db.anchor(),
+        )
+        status = await conn.execute(statement)
+        return Begun(int(status.rsplit(" ", 1)[1]))
+
+    async def _take_over(self, attempt: Tick, job_id: str, budget: float, at: datetime) -> Begun:
+        """The lock is held: roll back, and end the holder's session if it is a tick past its
+        deadline (a frozen replica whose handler switched the server-side timeouts off), then
+        try once more. The common path (the lock taken) never pays this."""
+        assert attempt.con is not None
+        conn = attempt.con
+        key, _ = self._keys(job_id)
+        status = await conn.execute("ROLLBACK; " + end_stale_holder(key, self.db.terminate_wait))
+        attempt.open = False
+        holder = Holder(int(status.rsplit(" ", 1)[1]))
+        if holder in (Holder.REFUSED, Holder.SUPERUSER) and holder not in self._refused:
+            self._refused.add(holder)  # said once per cause
+            logger.warning(
+                "%s: the replica holding the lock is past its deadline (its tick began more "
+                "than its timeout + %.0f s ago: its handler switched off the server-side "
+                "timeouts, and it is frozen or stuck), and %s: no replica can run the job "
+                "until it lets go. %s",
+                job_id,
+                SERVER_GRACE + STALE_GRACE,
+                *_refusal(holder, _role(conn)),
+                extra={"job_id": job_id},
+            )
+        if holder is not Holder.ENDED:
+            return Begun.HELD
+        logger.warning(
+            "%s: ended the session of the replica holding the lock past its deadline (its "
+            "handler had switched off the server-side timeouts, and it is frozen or stuck): "
+            "its writes are rolled back, and this replica runs the job",
+            job_id,
+            extra={"job_id": job_id},
+        )
+        attempt.open = True
+        return await self._begin(conn, job_id, budget, at)
+
+    async def attempt(self, job_id: str, budget: float, at: datetime) -> Tick:
+        """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
+        or the tick's start if later), try the lock, and read the job's state under it."""
+        if not self.db.ready:
+            await self.db.reconnect()
+        sent, since = time.monotonic(), self.db.clock.now()
+        try:
+            await self.db.fresh()
+            assert self.db.pool is not None, "the coordinator is not open"
+            conn = cast("asyncpg.Connection[Any]", await self.db.pool.acquire())
+        except BaseException as exc:
+            self._failed(exc, sent, since)
+            raise
+        attempt = Tick(self.db, job_id, conn, limit_ms(budget))
+        answered = False
+        try:
+            asked, when = time.monotonic(), self.db.clock.now()
+            begun = await self._begin(conn, job_id, budget, at)
+            answered = True
+            self.db.answered(asked, when)
+            if begun is Begun.HELD:
+                begun = await self._take_over(attempt, job_id, budget, at)
+            if begun is Begun.AHEAD:
+                self.db.refused(at)
+                raise self._ahead(at)
+            if begun is not Begun.ACQUIRED:
+                return attempt  # held by another replica: close() rolls back
+            row = await conn.fetchrow(self.db.sql.state, self.namespace, job_id, attempt.seal)
+            assert row is not None  # the statement returns one row
+            tx, *state = row
+            attempt.acquired = True
+            attempt.tx = tx
+            attempt.state = FleetState(*state)
+            return attempt
+        except BaseException as exc:
+            if not answered:
+                self._failed(exc, sent, since)
+                if not isinstance(exc, Exception):
+                    attempt.abandon()
+            elif isinstance(exc, Exception) and self.db.classify(exc):
+                self.db.down(exc)
+            if isinstance(exc, Exception):
+                self.db.lost(exc)
+            await attempt.close()
+            raise
+
+    def _failed(self, exc: BaseException, sent: float, since: datetime) -> None:
+        """A call sent at ``sent`` (``since`` on the wall clock) got no answer: it failed for
+        the database (an outage from then on), or was cut off by its timeout."""
+        if not isinstance(exc, Exception):
+            self.db.unanswered(sent, since)
+        elif self.db.classify(exc):
+            self.db.down(exc, since)
+
+    def _ahead(self, at: datetime) -> ClockAhead:
+        anchor = self.db.anchor()
+        by = "" if anchor is None else f" by about {(at - anchor).total_seconds():.1f} s"
+        return ClockAhead(
+            f"this replica's clock runs ahead of the database's{by}: slot {at.isoformat()} "
+            f"would lie in the fleet's future, beyond the {FUTURE_LIMIT:g} s allowed; the "
+            "handler was not started. Synchronise the replica's clock (NTP)"
+        )
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
         """The fleet state of ``job_ids`` in one statement, and those whose lock is held,
