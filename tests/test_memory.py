@@ -220,6 +220,6 @@ async def test_a_view_change_over_many_jobs_lets_the_loop_run_between_chunks(
     assert any(0 < count < n for count in seen), "the sweep held the loop from start to end"
     # and the sweep reached every job: those "b" ranks first for wait for it as backups
     ranking = scheduler._crew.share.ranking
-    cycles = [scheduler._cycles[job.id] for job in jobs]
+    cycles = [scheduler._roster.cycles[job.id] for job in jobs]
     assert {c.ahead for c in cycles} == {(), ("b",)}
     assert all(c.ahead == ranking(c.job.id)[: ranking(c.job.id).index("a")] for c in cycles)

@@ -24,8 +24,8 @@ from ._operators.schedules import Schedules
 from ._runtime.catalog import Catalog
 from ._runtime.clock import Clock, SystemClock
 from ._runtime.crew import Crew, last_successes
-from ._runtime.cycle import Cycle
 from ._runtime.loop import Dispatcher
+from ._runtime.roster import Roster
 from ._runtime.runner import Runner
 from ._runtime.service import Service
 from ._runtime.sharing import Share
@@ -133,12 +133,11 @@ class Scheduler:
         self._require_database = require_database
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._random = random if random is not None else _random.Random()
-        self._cycles: dict[str, Cycle] = {}  # every declared job, by id
         self._tasks: dict[str, Handler] = {}  # the handlers of stored schedules, by task
         self._busy = False  # run() is in progress (starting, running or stopping)
         self._outer: TaskGroup | None = None
         self._telemetry = Telemetry(
-            lambda: last_successes([*self._cycles.values(), *self._catalog.cycles.values()]),
+            lambda: [*self._roster.successes(), *last_successes([*self._catalog.cycles.values()])],
             tracer_provider,
             meter_provider,
         )
@@ -150,13 +149,14 @@ class Scheduler:
             Share(self.owner),
             self._backend.coordinator(self.owner, self._clock),
         )
+        self._roster = Roster(self._crew)  # every job declared in code
         self.postgres = False
         """Whether this scheduler coordinates through PostgreSQL."""
         if dsn is not None or pool is not None:
             self._use_postgres(dsn, pool)
         self._catalog = Catalog(self._crew, self._tasks, self._stored)
         self._fleet = SchedulerFleet(self.namespace, self._views, lambda: self._crew.session)
-        self._schedules = Schedules(self._stored, self._tasks.keys, self._cycles.keys)
+        self._schedules = Schedules(self._stored, self._tasks.keys, self._roster.jobs.keys)
 
     def _views(self) -> Views:
         """What operators see of the namespace, through this scheduler's coordinator."""
@@ -174,7 +174,7 @@ class Scheduler:
         )
         self.postgres = True
         self._crew.coordinator = self._backend.coordinator(self.owner, self._clock)
-        if _RETENTION not in self._cycles:
+        if _RETENTION not in self._roster.jobs:
             self.add(
                 Retention(self.schema, self.namespace, self.retention),
                 Retention.trigger(),
@@ -193,7 +193,7 @@ class Scheduler:
     def jobs(self) -> Mapping[str, Job]:
         """The jobs declared in code, by id (a read-only snapshot); stored schedules are
         :attr:`schedules`."""
-        return MappingProxyType({job_id: cycle.job for job_id, cycle in self._cycles.items()})
+        return MappingProxyType(dict(self._roster.jobs))
 
     def job(self, trigger: Trigger, **options: Unpack[JobOptions]) -> Callable[[F], F]:
         """Declare the decorated ``async def handler(ctx)`` as a job::
@@ -254,15 +254,13 @@ class Scheduler:
         :param trigger: When the job runs: :func:`~ticklock.every` or :func:`~ticklock.cron`.
         """
         job = Job.declare(func, trigger, **options)
-        if job.id in self._cycles:
+        if job.id in self._roster.jobs:
             raise ScheduleError(
                 "a job with this id is already declared; give one of them another id=",
                 job_id=job.id,
                 field="id",
             )
-        cycle = self._cycles[job.id] = Cycle(job, self._crew)
-        if self._crew.running:
-            cycle.start(None, self._clock.now())
+        self._roster.add(job)
         return job
 
     def task(self, name: str) -> Callable[[F], F]:
@@ -302,11 +300,9 @@ class Scheduler:
     def remove(self, id: str) -> Job:
         """Remove the job ``id``; a run in flight finishes, no new one starts."""
         try:
-            cycle = self._cycles.pop(id)
+            return self._roster.remove(id)
         except KeyError:
             raise KeyError(f"no job with id {id!r}") from None
-        cycle.remove()
-        return cycle.job
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -351,7 +347,7 @@ class Scheduler:
             self._catalog = Catalog(self._crew, self._tasks, self._stored)
             service = Service(
                 self._crew,
-                self._cycles,
+                self._roster,
                 self._catalog,
                 coordinator,
                 Runner(
@@ -392,7 +388,7 @@ class Scheduler:
             raise SchedulerStateError(
                 "run_now() needs a running scheduler: call it inside 'async with scheduler'"
             )
-        cycle = self._cycles.get(id) or await self._catalog.hold(id)
+        cycle = self._roster.wake(id) or await self._catalog.hold(id)
         if cycle is None:
             raise KeyError(f"no job with id {id!r}")
         return await cycle.run_now()
@@ -472,8 +468,9 @@ class Scheduler:
         every stored schedule, ``fleet.jobs()`` and ``ticklock status`` read the records."""
         clock_now = self._clock.now()
         problem = self._crew.coordinator.problem
-        cycles = [*self._cycles.values(), *self._catalog.cycles.values()]
-        return [c.health(now or clock_now, clock_now, problem=problem) for c in cycles]
+        at = now or clock_now
+        held = [c.health(at, clock_now, problem=problem) for c in self._catalog.cycles.values()]
+        return [*self._roster.health(at, clock_now, problem=problem), *held]
 
     # -- integrations --------------------------------------------------------------------
 

@@ -30,12 +30,8 @@ from .._schedule.stored import Schedule, ScheduleStore, job_of
 from .._telemetry import logger
 from .clock import until
 from .crew import Crew
-from .cycle import Cycle
+from .cycle import HORIZON, LOOK, Cycle
 
-HORIZON = 60.0
-"""Seconds ahead of now within which a stored schedule's next slot gets a cycle."""
-LOOK = 30.0
-"""Seconds between two looks for the schedules due within the horizon (less than it)."""
 WINDOW = 10_000
 """The most schedules one read of a look returns; a full window is followed by the next, by
 id, in the same look."""

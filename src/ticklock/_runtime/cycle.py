@@ -48,6 +48,13 @@ from .plan import (
 )
 from .sharing import GRACE
 
+HORIZON = 60.0
+"""Seconds ahead of now within which a job's or stored schedule's next slot gets a cycle (see
+:mod:`.roster` and :mod:`.catalog`)."""
+LOOK = 30.0
+"""Seconds between two looks for the jobs and schedules due within the horizon (less than
+it)."""
+
 
 class Cycle(Entry):
     """The cycle of one job on this replica (see the module docstring). It is the job's

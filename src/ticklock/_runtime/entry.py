@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from .._backends.seam import FleetState
-from .._schedule.job import Job, fingerprint
+from .._schedule.job import Job
 from .loop import Timer
 
 NO_CREDIT: tuple[datetime | None, float, datetime | None] = (None, 0.0, None)
@@ -19,7 +19,6 @@ class Entry(Timer):
     """The runtime state of one declared job, and its deadline."""
 
     __slots__ = (
-        "_fingerprint",
         "ahead",
         "attempt",
         "credit",
@@ -64,12 +63,3 @@ class Entry(Timer):
         self.stage = 0  # 1: a backup's second look at an open slot (see _sharing)
         self.own_failures = 0  # this replica's consecutive failed runs of the job
         self.given_up_at: datetime | None = None  # this replica gave the job up (see _plan)
-        self._fingerprint: str | None = None  # computed when first published
-
-    @property
-    def fingerprint(self) -> str:
-        """The fingerprint of the job's declaration, which this replica publishes (computed
-        once, when first asked: a replica alone never publishes it)."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.job)
-        return self._fingerprint

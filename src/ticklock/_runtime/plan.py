@@ -187,6 +187,15 @@ def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
     return latest(trigger, due, now) if job.catch_up else trigger.next_fire(now)
 
 
+def resting(job: Job, state: FleetState, start: datetime) -> datetime | None:
+    """The slot ``job`` waits for while nothing happens to it: after its last run by fixed
+    delay, or (it never ran) its first as planned at ``start``. Derived from the row alone,
+    so that a replica need not hold a cycle for it (see :mod:`.roster`)."""
+    if state.last_end is None:
+        return first(job, state, start)
+    return after(job.trigger, since(job.trigger, state.last_end, state.last_slot))
+
+
 def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
     """The slots of a job that never ran, as a scheduler started at ``now`` plans them
     (:func:`first`, then fixed delay with runs that take no time), without jitter."""

@@ -20,6 +20,7 @@ from .catalog import Catalog
 from .crew import UNOPENED, Crew
 from .cycle import Cycle, drive
 from .loop import Runs
+from .roster import Roster
 from .runner import Runner
 from .sharing import Member, Share
 
@@ -36,7 +37,7 @@ class Service:
     def __init__(
         self,
         crew: Crew,
-        cycles: Mapping[str, Cycle],
+        roster: Roster,
         catalog: Catalog,
         coordinator: Coordinator,
         runner: Runner,
@@ -49,7 +50,7 @@ class Service:
         tasks: Mapping[str, object],
     ) -> None:
         self._crew = crew
-        self._cycles = cycles
+        self._roster = roster
         self._catalog = catalog
         self._coordinator = coordinator
         self.owner = owner
@@ -114,20 +115,20 @@ class Service:
         self._crew.running = True
         # Plan from when the fleet's state is known, not from before it was read: a first
         # slot planned before the load would start late by however long the load took.
-        now = self._crew.clock.now()
-        for job_id, cycle in self._cycles.items():
-            cycle.start(None if states is None else states.get(job_id), now)
+        self._roster.start(states, self._crew.clock.now())
         if states is None:  # the database did not answer: its ticks end as error meanwhile
             tg.start_soon(self._connect, name="ticklock.connect")
+        tg.start_soon(self._roster.follow, name="ticklock.jobs")
         tg.start_soon(self._catalog.follow, name="ticklock.schedules")
         tg.start_soon(self._coordinator.watch, self, name="ticklock.watch")
-        user = sum(1 for job_id in self._cycles if job_id != self._builtin)
+        jobs = self._roster.jobs
+        user = sum(1 for job_id in jobs if job_id != self._builtin)
         logger.info(
             "scheduler started (%s mode, %d job%s%s, owner %s)",
             self._mode,
             user,
             "" if user == 1 else "s",
-            f" and the built-in {self._builtin}" if self._builtin in self._cycles else "",
+            f" and the built-in {self._builtin}" if self._builtin in jobs else "",
             self.owner,
         )
         task_status.started()
@@ -136,8 +137,9 @@ class Service:
     async def _load(self) -> dict[str, FleetState] | None:
         """The fleet's state of every job declared here (``None`` if the database stopped
         answering): the enabled ones registered, the disabled ones read (their health)."""
-        jobs = {job_id: c.job for job_id, c in self._cycles.items() if c.job.enabled}
-        disabled = [job_id for job_id in self._cycles if job_id not in jobs]
+        declared = self._roster.jobs
+        jobs = {job_id: job for job_id, job in declared.items() if job.enabled}
+        disabled = [job_id for job_id in declared if job_id not in jobs]
         try:
             states = await self._coordinator.load(jobs, self._crew.clock.now())
             if disabled:
@@ -159,9 +161,7 @@ class Service:
             except Exception as exc:  # e.g. no permission on the tables: say so, try later
                 logger.error("%s", self._coordinator.diagnose(exc).text)
                 await clock.sleep_until(clock.monotonic() + LOAD_RETRY)
-        now = clock.now()
-        for job_id, cycle in self._cycles.items():
-            cycle.reload(states.get(job_id), now)
+        self._roster.reload(states, clock.now())
         await self._catalog.reload()
 
     async def _drain(self, runs: Runs) -> None:
@@ -172,19 +172,20 @@ class Service:
         logger.info("scheduler stopped")
 
     def _all(self) -> Iterator[Cycle]:
-        """Every cycle: the jobs declared in code, and the stored schedules held here."""
-        return chain(self._cycles.values(), self._catalog.cycles.values())
+        """Every cycle held here: of the jobs declared in code, and of stored schedules."""
+        return chain(self._roster.cycles.values(), self._catalog.cycles.values())
 
     # -- the runtime's side of the coordinator's watch (a Watcher) --------------------------
 
     def declared(self) -> Declared:
         """What this replica publishes: its jobs, their fingerprints, those it gave up, and
         its tasks."""
-        cycles = self._cycles.values()
+        roster = self._roster
+        enabled = tuple(i for i, job in roster.jobs.items() if job.enabled)
         return Declared(
-            tuple(c.job.id for c in cycles if c.job.enabled),
-            tuple(c.job.id for c in cycles if not c.job.enabled),
-            tuple(c.fingerprint for c in cycles if c.job.enabled),
+            enabled,
+            tuple(i for i, job in roster.jobs.items() if not job.enabled),
+            roster.fingerprints(enabled),
             tuple(sorted(c.job.id for c in self._all() if c.given_up_at is not None)),
             tuple(sorted(self._tasks)),
         )
@@ -193,6 +194,8 @@ class Service:
         """Hand each job what operators asked of it (paused since, a trigger request)."""
         if not self._crew.running:
             return
+        for job_id in controls:  # a sleeping job operators steer is held from now
+            self._roster.wake(job_id)
         for cycle in self._all():
             cycle.control(*controls.get(cycle.job.id, _NO_CONTROL))
         self._catalog.beat(controls)
@@ -205,14 +208,17 @@ class Service:
         view)."""
         if not self._crew.share.update(members, seen) or not self._crew.running:
             return
-        for i, cycle in enumerate(list(self._all())):
+        roster, catalog = self._roster, self._catalog
+        jobs = [*roster.jobs.values(), *(c.job for c in catalog.cycles.values())]
+        for i, job in enumerate(jobs):
             if i and not i % VIEW_CHUNK:
                 await anyio.lowlevel.checkpoint()
                 if not self._crew.running:
                     return
-            if cycle.job.enabled and cycle.job.task is None:
-                self._disagreement(cycle.job)
-            cycle.view_changed()
+            if job.enabled and job.task is None:
+                self._disagreement(job)
+            if (cycle := roster.cycles.get(job.id) or catalog.cycles.get(job.id)) is not None:
+                cycle.view_changed()
 
     def _disagreement(self, job: Job) -> None:
         """Log once per change when live replicas declare ``job`` otherwise than the ruling
