@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     only = node.get_closest_marker("postgres") or node.get_closest_marker("asyncio_only")
     backends = ["asyncio"] if only else ["asyncio", "trio"]
     metafunc.parametrize("anyio_backend", backends, indirect=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(
+    report: pytest.TestReport,
+) -> Generator[None, dict[str, Any], dict[str, Any]]:
+    """A report that pytest-xdist sends from a worker as UTF-8: the captured output of a test
+    whose handler raises a lone surrogate (``test_session_edges``) keeps it as an escape."""
+    escaped: dict[str, Any] = _escaped((yield))
+    return escaped
+
+
+def _escaped(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {k: _escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_escaped(v) for v in value)
+    return value
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

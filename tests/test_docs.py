@@ -48,7 +48,7 @@ def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
     readme = (DOCS.parent / "README.md").read_text()
     ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()
     venv = "python3 -m venv .venv && "
-    tests = venv + ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+    tests = venv + ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -n 2"
     demo = venv + ".venv/bin/pip install -e . && .venv/bin/python -m ticklock demo"
     assert ci[-1] == tests  # CI ends with the test command as the README gives it
     commands = re.findall(r"```sh\n(.*?)\n```", readme, flags=re.S)
