@@ -44,6 +44,11 @@ def test_the_testing_page_batched_example_passes() -> None:
     anyio.run(namespace["test_the_sweep_is_capped_and_the_next_run_goes_on_from_the_cursor"])
 
 
+def test_the_lifecycle_page_example_runs_as_written() -> None:
+    [block] = python_blocks("lifecycle.md")
+    exec(block, {"__name__": "docs_lifecycle"})  # it runs itself (anyio.run) and asserts
+
+
 def test_the_readme_gives_the_commands_ci_runs_byte_for_byte() -> None:
     readme = (DOCS.parent / "README.md").read_text()
     ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()

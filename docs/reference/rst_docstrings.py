@@ -31,6 +31,8 @@ JOB_OPTION_DEFAULTS = {
     "retry_backoff": "10.0",
     "max_batches": "None",
     "failure_threshold": "1",
+    "start": "None",
+    "end": "None",
 }
 
 

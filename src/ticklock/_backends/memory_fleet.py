@@ -141,6 +141,7 @@ class MemoryFleet:
                 JobRecord(
                     job_id=job_id,
                     state=state_of(
+                        ended=spec is not None and spec.ended(self._clock.now()),
                         undeclared=job_id not in enabled and job_id not in disabled,
                         disabled=job_id in disabled,
                         paused=state.paused_at is not None or (seen is not None and seen.paused),

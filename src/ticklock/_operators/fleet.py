@@ -38,6 +38,8 @@ class JobState(str, enum.Enum):
     """Declared with ``enabled=False`` by every live replica that declares it."""
     PAUSED = "paused"
     """Paused by an operator: no scheduled run starts; never overdue."""
+    ENDED = "ended"
+    """Its window's ``end`` has passed: no slot is owed any more; never overdue."""
     FUTURE = "future"
     """Its watermark lies in the database's future (a replica's clock ran ahead)."""
     OVERDUE = "overdue"
@@ -210,12 +212,14 @@ def state_of(
     future: bool,
     overdue: bool,
     failing: bool,
+    ended: bool = False,
 ) -> JobState:
     """A job's state from what is true of it: the most urgent one that holds."""
     for holds, state in (
         (undeclared, JobState.UNDECLARED),
         (disabled, JobState.DISABLED),
         (paused, JobState.PAUSED),
+        (ended, JobState.ENDED),
         (future, JobState.FUTURE),
         (overdue, JobState.OVERDUE),
         (failing, JobState.FAILING),
@@ -300,7 +304,9 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
         "tenant": schedule.tenant,
         "schedule": schedule.schedule,
         "args": dict(schedule.args),
-        "options": dict(schedule.options),
+        "options": {
+            k: iso(v) if isinstance(v, datetime) else v for k, v in schedule.options.items()
+        },
         "version": schedule.version,
         "created_at": iso(schedule.created_at),
         "updated_at": iso(schedule.updated_at),

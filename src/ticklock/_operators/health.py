@@ -41,6 +41,7 @@ def judge(
     ``observer``: this replica declares the job otherwise than the fleet's ruling declaration,
     whose schedule is not its own to judge by: never overdue here."""
     paused = state.paused_at is not None
+    ended = job.end is not None and now > job.end
     overdue = False
     base = state.last_end or since
     if held_at is not None and base is not None:
@@ -51,13 +52,13 @@ def judge(
         base = max(base, held_at + timedelta(seconds=job.timeout))
     # judged whether or not the scheduler still runs: one that stopped while the process
     # lives on runs nothing, and must not keep saying every job is fine
-    if job.enabled and base is not None and not paused and not observer:
+    if job.enabled and base is not None and not paused and not observer and not ended:
         limit = overdue_at(job, base)
         credit_base, seconds, _ = credit
         if limit is not None and seconds and credit_base == state.last_end:
             limit += timedelta(seconds=seconds)
         overdue = limit is not None and now > limit
-    if job.enabled and not paused and ahead(state, clock_now):
+    if job.enabled and not paused and not ended and ahead(state, clock_now):
         # stored by a replica whose clock ran ahead: no replica runs the job until then, so
         # it is overdue now (the database refuses such commits since)
         overdue = True
@@ -70,6 +71,7 @@ def judge(
         paused=paused,
         failing=job.enabled and state.consecutive_failures >= job.failure_threshold,
         problem=problem if job.enabled else None,
+        ended=ended,
     )
 
 

@@ -16,8 +16,9 @@ A slot's fate, first match wins:
 - no run of its own, a later success covered it (``catch_up=True``, or a run an operator
   asked for, or an ``every`` run that started after it): ``covered``, naming the run;
 - due too recently for its run to have ended (slot + timeout + grace): ``pending``;
-- paused by an operator, declared disabled, the run before still running, or the watermark
-  already past it: ``skipped``; so is a slot passed over by ``catch_up=False``;
+- outside the job's window (``before start``, ``after end``), paused by an operator, declared
+  disabled, the run before still running, or the watermark already past it: ``skipped``; so
+  is a slot passed over by ``catch_up=False``;
 - otherwise ``missed``: the database was unreachable, every replica that declared the job
   recorded what kept it (the database unreachable from it, its event loop blocked by a job,
   its clock ahead of the database's so that its ticks were refused), no live replica declared
@@ -199,6 +200,12 @@ def account(
         attempts = own.get(slot)
         if attempts:
             ledger.append(_ran(slot, attempts, on_time, facts))
+            continue
+        if spec.start is not None and slot < spec.start:
+            ledger.append(SlotRecord(slot, Fate.SKIPPED, "before start"))
+            continue
+        if spec.end is not None and slot > spec.end:
+            ledger.append(SlotRecord(slot, Fate.SKIPPED, "after end"))
             continue
         later = _covering(slot, successes, starts)
         fate, reason, explains = facts.cause(slot)

@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from .._backends.seam import FleetState
 from .._schedule.job import Job, Outcome, RunResult
-from .._schedule.triggers import Cron, Every, Trigger
+from .._schedule.triggers import Cron, Every, Trigger, within
 from .sharing import GRACE, STEP
 
 
@@ -85,7 +85,8 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
         return retry
     if result is None or result.outcome is Outcome.SKIPPED:
         return on_time(first(job, state, now))
-    return on_time(after(job.trigger, since(job.trigger, result.finished_at, result.slot)))
+    end = since(job.trigger, result.finished_at, result.slot)
+    return on_time(windowed(job, after(job.trigger, end)))
 
 
 def after_run(job: Job, state: FleetState, now: datetime, result: RunResult) -> Plan:
@@ -162,14 +163,25 @@ def since(trigger: Trigger, end: datetime, slot: datetime | None) -> datetime:
 
 def next_due(job: Job, result: RunResult) -> datetime | None:
     """When the run after ``result`` is due, as operators see it (retries aside)."""
-    return after(job.trigger, result.finished_at)
+    return windowed(job, after(job.trigger, result.finished_at))
+
+
+def windowed(job: Job, slot: datetime | None) -> datetime | None:
+    """``slot`` within the job's window (``start``, ``end``; see :func:`~.triggers.within`)."""
+    if job.start is None and job.end is None:
+        return slot
+    return within(job.trigger, job.start, job.end, slot)
 
 
 def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
     """The slot to wait for at start or when re-aligning: a job that never ran starts at
     ``now + initial_delay`` (``every``) or its next fire (``cron``); a job whose next slot passed
     unrun is due at once with ``catch_up`` (one run covers the window), else at the next one
-    after now."""
+    after now. Within the job's window (:func:`windowed`)."""
+    return windowed(job, _first(job, state, now))
+
+
+def _first(job: Job, state: FleetState, now: datetime) -> datetime | None:
     trigger = job.trigger
     if state.last_end is None:
         if isinstance(trigger, Every):
@@ -193,7 +205,7 @@ def resting(job: Job, state: FleetState, start: datetime) -> datetime | None:
     so that a replica need not hold a cycle for it (see :mod:`.roster`)."""
     if state.last_end is None:
         return first(job, state, start)
-    return after(job.trigger, since(job.trigger, state.last_end, state.last_slot))
+    return windowed(job, after(job.trigger, since(job.trigger, state.last_end, state.last_slot)))
 
 
 def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
@@ -202,7 +214,7 @@ def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
     fire = first(job, FleetState(), now)
     while fire is not None:
         yield fire
-        fire = after(job.trigger, fire)
+        fire = windowed(job, after(job.trigger, fire))
 
 
 def latest(trigger: Cron, due: datetime, now: datetime) -> datetime:
@@ -240,8 +252,8 @@ def overdue_at(job: Job, base: datetime) -> datetime | None:
     run of any outcome, or its start): the first fire due after it, plus the jitter, the
     timeout and the overdue grace. The absence alarm's one judge: ``health()`` compares it
     with now, and PostgreSQL stores it with every finished run for ``ticklock status``."""
-    due = after(job.trigger, base)
-    if due is None:
+    due = windowed(job, after(job.trigger, base))
+    if due is None:  # the schedule is over (an end passed): never overdue
         return None
     slack = job.trigger.jitter + job.timeout + job.overdue_grace
     return due + timedelta(seconds=slack)
@@ -421,6 +433,8 @@ def admit(
         return Run(run)
     if state.paused_at is not None:
         return Skip("paused")
+    if slot is not None and windowed(job, slot) != slot:  # a declaration from before a change
+        return Skip("before start" if job.start is not None and slot < job.start else "after end")
     if slot is None:  # re-align: the fleet's state says which slot is due
         due = first(job, state, started)
         if due is None or due > started:

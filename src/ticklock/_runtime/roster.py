@@ -27,7 +27,7 @@ from .crew import Crew
 from .cycle import HORIZON, LOOK, Cycle
 from .entry import NO_CREDIT
 from .loop import STEP_TOLERANCE, WALL_WATCH
-from .plan import OnTime, plan, resting
+from .plan import Idle, OnTime, Plan, plan, resting
 
 
 class Roster:
@@ -103,6 +103,9 @@ class Roster:
             self._sleep(job.id, state, None)
             return
         step = plan(job, state or NO_STATE, now)
+        if self._over(job, state, step):
+            self._sleep(job.id, state, None)
+            return
         if isinstance(step, OnTime) and step.slot == self._resting(job, state):
             bucket = _bucket(step.slot)
             if bucket > _limit(now):
@@ -151,6 +154,10 @@ class Roster:
                 del self.cycles[job_id]
                 cycle.stop()
                 self._sleep(job_id, cycle.state, bucket)
+            elif self._quiet(cycle) and self._over(cycle.job, cycle.state, None):
+                del self.cycles[job_id]
+                cycle.stop()
+                self._sleep(job_id, cycle.state, None)
         for bucket in sorted(b for b in self._asleep if b <= limit):
             for job_id in self._asleep.pop(bucket):
                 job = self.jobs.get(job_id)
@@ -160,12 +167,17 @@ class Roster:
                 if slot is not None and _bucket(slot) == bucket:  # else it sleeps elsewhere
                     self.wake(job_id)
 
-    def _at_rest(self, cycle: Cycle) -> datetime | None:
-        """The slot ``cycle`` waits for if it has nothing else to remember, and the row gives
-        that slot again; else ``None`` (it stays held)."""
-        if (
+    def _over(self, job: Job, state: FleetState | None, step: Plan | None) -> bool:
+        """Whether ``job`` waits for nothing because its window ended (not paused, no
+        trigger request): a row that only a trigger wakes (``step``: its plan, if made)."""
+        if job.end is None or (state is not None and (state.paused_at or state.trigger_at)):
+            return False
+        return isinstance(step, Idle) or (step is None and self._resting(job, state) is None)
+
+    def _quiet(self, cycle: Cycle) -> bool:
+        """Whether ``cycle`` has nothing to remember but its row (see :meth:`_at_rest`)."""
+        return not (
             not cycle.job.enabled
-            or cycle.slot is None
             or cycle.running
             or cycle.manual
             or cycle.removed
@@ -177,7 +189,12 @@ class Roster:
             or cycle.own_failures
             or cycle.given_up_at is not None
             or cycle.credit != NO_CREDIT
-        ):
+        )
+
+    def _at_rest(self, cycle: Cycle) -> datetime | None:
+        """The slot ``cycle`` waits for if it has nothing else to remember, and the row gives
+        that slot again; else ``None`` (it stays held)."""
+        if cycle.slot is None or not self._quiet(cycle):
             return None
         state = cycle.state
         if (state is None or state.last_end is None) and cycle.since != self._start:

@@ -17,7 +17,7 @@ from typing_extensions import Unpack
 from .._errors import ScheduleError, SchedulerStateError
 from .._runtime.batch import Batches
 from .triggers import Cron, Every, Trigger
-from .validate import Duration, name, seconds
+from .validate import Duration, instant, name, seconds
 
 if TYPE_CHECKING:
     import asyncpg
@@ -179,6 +179,8 @@ class JobHealth:
     """Why no run can start now (PostgreSQL mode): the database is down, or refuses this
     scheduler (not accepting connections, a missing database, role or grant), with the
     error and the fix; ``None`` when it can be used."""
+    ended: bool = False
+    """Its window's ``end`` has passed: no slot is owed any more; never overdue."""
 
 
 class JobOptions(TypedDict, total=False):
@@ -204,6 +206,11 @@ class JobOptions(TypedDict, total=False):
     no cap); a run stopped by it is ``capped``."""
     failure_threshold: int
     """How many runs in a row must fail before operators see the job ``failing`` (default 1)."""
+    start: datetime | None
+    """An aware datetime: no slot before it (inclusive; default ``None``: none)."""
+    end: datetime | None
+    """An aware datetime: no slot after it (inclusive); after it the job is ``ended``, never
+    overdue (default ``None``: none)."""
 
 
 _OPTIONS = frozenset(JobOptions.__annotations__)
@@ -225,6 +232,10 @@ class Job:
     retry_backoff: float = 10.0
     max_batches: int | None = None
     failure_threshold: int = 1
+    start: datetime | None = None
+    """No slot before it (inclusive)."""
+    end: datetime | None = None
+    """No slot after it (inclusive): the job has then ended."""
     task: str | None = None
     """The task of a stored schedule (``None``: a job declared in code)."""
     args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
@@ -263,6 +274,9 @@ class Job:
         retry_backoff = options.get("retry_backoff", 10.0)
         max_batches = options.get("max_batches")
         failure_threshold = options.get("failure_threshold", 1)
+        start, end = (instant(options.get(f), f, job_id=job_id) for f in ("start", "end"))
+        if start is not None and end is not None and end < start:
+            raise error("end", f"end ({end.isoformat()}) is before start ({start.isoformat()})")
 
         if not isinstance(trigger, (Every, Cron)):
             raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")
@@ -337,6 +351,8 @@ class Job:
             retry_backoff=backoff,
             max_batches=max_batches,
             failure_threshold=failure_threshold,
+            start=start,
+            end=end,
         )
 
 
@@ -371,10 +387,15 @@ def declaration(job: Job) -> str:
         f"jitter {trigger.jitter:g}s"
     )
     batches = "" if job.max_batches is None else f", max_batches {job.max_batches}"
+    window = "".join(
+        f", {key} {value.isoformat()}"
+        for key, value in (("start", job.start), ("end", job.end))
+        if value is not None
+    )
     return (
         f"{shape}, timeout {job.timeout:g}s, retries {job.retries} (backoff "
         f"{job.retry_backoff:g}s), catch_up {job.catch_up}, overdue_grace {job.overdue_grace:g}s"
-        f"{batches}"
+        f"{batches}{window}"
     )
 
 

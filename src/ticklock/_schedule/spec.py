@@ -15,7 +15,7 @@ from typing import Any
 
 from .._errors import ScheduleError
 from .job import Job
-from .triggers import Cron, Every, Trigger
+from .triggers import Cron, Every, Trigger, within
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,12 @@ class Spec:
     overdue_grace: float
     failure_threshold: int
     enabled: bool
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def ended(self, now: datetime) -> bool:
+        """Whether the job's window ended before ``now``: no slot is owed any more."""
+        return self.end is not None and now > self.end
 
     @property
     def schedule(self) -> str:
@@ -46,6 +52,8 @@ def of(job: Job) -> Spec:
         job.overdue_grace,
         job.failure_threshold,
         job.enabled,
+        job.start,
+        job.end,
     )
 
 
@@ -66,6 +74,11 @@ def to_json(spec: Spec) -> dict[str, Any]:
         "overdue_grace": spec.overdue_grace,
         "failure_threshold": spec.failure_threshold,
         "enabled": spec.enabled,
+        **{
+            key: value.isoformat()
+            for key, value in (("start", spec.start), ("end", spec.end))
+            if value is not None
+        },
     }
 
 
@@ -89,6 +102,8 @@ def from_json(value: Any) -> Spec | None:
             float(value["overdue_grace"]),
             int(value.get("failure_threshold", 1)),
             bool(value["enabled"]),
+            _instant(value.get("start")),
+            _instant(value.get("end")),
         )
         # a ledger walks the schedule: never a zero step; and no limit a job could not have
         sane = trigger.period > 0 and spec.timeout > 0 and spec.overdue_grace >= 0
@@ -97,12 +112,25 @@ def from_json(value: Any) -> Spec | None:
         return None
 
 
+def _instant(value: Any) -> datetime | None:
+    """An instant as the records keep it (ISO 8601, with its offset)."""
+    if value is None:
+        return None
+    at = datetime.fromisoformat(str(value))
+    if at.tzinfo is None:
+        raise ValueError(f"a naive instant: {value!r}")
+    return at
+
+
 def first_due(spec: Spec, now: datetime, started: datetime | None) -> datetime | None:
     """When a job that has not run yet is due, as operators see it: a cron job's next fire;
     an ``every`` job's first slot once a replica runs it (``started``: when its owner
     started), ``None`` while none does."""
+    due: datetime | None
     if isinstance(spec.trigger, Every):
         if started is None:
             return None
-        return max(now, started + timedelta(seconds=spec.trigger.initial_delay))
-    return spec.trigger.next_fire(now)
+        due = max(now, started + timedelta(seconds=spec.trigger.initial_delay))
+    else:
+        due = spec.trigger.next_fire(now)
+    return within(spec.trigger, spec.start, spec.end, due)

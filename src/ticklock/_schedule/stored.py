@@ -166,8 +166,23 @@ def to_json(
 
 
 def _plain(value: Any) -> Any:
-    """An option's value as JSON keeps it (an infinite duration cannot be an option)."""
+    """An option's value as JSON keeps it: an instant as ISO 8601 (an infinite duration
+    cannot be an option)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
     return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+INSTANTS = ("start", "end")
+"""The options that are instants (kept as ISO 8601 text)."""
+
+
+def _options(value: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a record keeps, as ``put`` took them (instants as datetimes)."""
+    return {
+        k: datetime.fromisoformat(v) if k in INSTANTS and isinstance(v, str) else v
+        for k, v in value.items()
+    }
 
 
 def from_json(schedule_id: str, value: Any) -> Schedule | None:
@@ -182,7 +197,7 @@ def from_json(schedule_id: str, value: Any) -> Schedule | None:
             trigger=trigger_from_json(value),
             args=MappingProxyType(dict(value["args"])),
             tenant=None if value["tenant"] is None else str(value["tenant"]),
-            options=MappingProxyType(dict(value["options"])),
+            options=MappingProxyType(_options(value["options"])),
             version=int(value["version"]),
             created_at=datetime.fromisoformat(value["created_at"]),
             updated_at=datetime.fromisoformat(value["updated_at"]),

@@ -131,6 +131,26 @@ Trigger = Every | Cron
 """Either trigger."""
 
 
+def within(
+    trigger: Trigger, start: datetime | None, end: datetime | None, slot: datetime | None
+) -> datetime | None:
+    """``slot`` within the window ``start``..``end`` (both inclusive): one before ``start``
+    moves to the window's first slot (``every``: ``start`` plus the initial delay; ``cron``:
+    its first fire at or after ``start``), and none is owed after ``end``."""
+    if slot is None:
+        return None
+    if start is not None and slot < start:
+        if isinstance(trigger, Every):
+            slot = start + timedelta(seconds=trigger.initial_delay)
+        else:
+            slot = trigger.next_fire(start - timedelta(microseconds=1))
+            if slot is None:
+                return None
+    if end is not None and slot > end:
+        return None
+    return slot
+
+
 def every(
     interval: Duration | None = None,
     *,

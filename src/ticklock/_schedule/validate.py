@@ -6,7 +6,7 @@ import importlib.util
 import math
 import re
 import unicodedata
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -48,6 +48,27 @@ def seconds(
     else:
         message = f"{field} must be at most 100 years, got {result:g} s"
     raise ScheduleError(message, job_id=job_id, field=field)
+
+
+def instant(value: object, field: str, *, job_id: str | None = None) -> datetime | None:
+    """``value``, an aware datetime (or ``None``), in UTC; a naive one is refused, since the
+    zone it meant cannot be known."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        message = f"{field} must be a datetime with a time zone, got {value!r}"
+        raise ScheduleError(message, job_id=job_id, field=field)
+    if value.tzinfo is None or value.utcoffset() is None:
+        message = (
+            f"{field} must be an aware datetime, got the naive {value.isoformat()}: give its "
+            "zone, e.g. datetime(..., tzinfo=ZoneInfo('Europe/Paris')) or timezone.utc"
+        )
+        raise ScheduleError(message, job_id=job_id, field=field)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        message = f"{field} must be a date the calendar has in UTC, got {value.isoformat()}"
+        raise ScheduleError(message, job_id=job_id, field=field) from None
 
 
 def described(char: str, at: int) -> str:

@@ -228,7 +228,7 @@ ORDER BY job_id"""
             records.append(
                 JobRecord(
                     job_id=job_id,
-                    state=_state(row, spec),
+                    state=_state(row, spec, now),
                     last_success=row["last_success_at"],
                     last_outcome=row["last_outcome"],
                     next_due=next_due,
@@ -426,9 +426,10 @@ def _error(row: asyncpg.Record, column: str, limit: int) -> str | None:
     return None if error is None else cut_text(error, row["error_length"], limit)
 
 
-def _state(row: asyncpg.Record, spec: _spec.Spec | None) -> JobState:
+def _state(row: asyncpg.Record, spec: _spec.Spec | None, now: datetime) -> JobState:
     threshold = spec.failure_threshold if spec is not None else 1
     return state_of(
+        ended=spec is not None and spec.ended(now),
         undeclared=row["fleet"] and row["enabled"] is None,  # live replicas run, none declares it
         disabled=row["fleet"] and row["enabled"] is False,
         paused=row["paused_at"] is not None,

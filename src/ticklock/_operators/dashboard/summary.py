@@ -15,6 +15,7 @@ URGENCY = (
     JobState.UNDECLARED,
     JobState.PAUSED,
     JobState.OK,
+    JobState.ENDED,
     JobState.DISABLED,
 )
 """States in the order an operator reads them: what needs a look first, what is off last."""
