@@ -218,7 +218,9 @@ class Scheduler:
             switch from configuration); ``run_now`` still runs it.
         :param catch_up: ``True``: slots missed while no replica ran are covered by one run at
             start, which sees the window through ``ctx.previous_success``. ``False``: they are
-            skipped.
+            skipped. A duration (seconds or a ``timedelta``): only the slots missed within it
+            before now are covered; older ones are skipped (the ledger says "outside the
+            catch-up window").
         :param overdue_grace: Slack after a run was due (the first fire after the last run
             that finished, whatever its outcome) plus the timeout before :meth:`health` and
             ``ticklock status`` call the job overdue: it stopped running. Default: 10 % of the

@@ -18,7 +18,7 @@ A slot's fate, first match wins:
 - due too recently for its run to have ended (slot + timeout + grace): ``pending``;
 - outside the job's window (``before start``, ``after end``), paused by an operator, declared
   disabled, the run before still running, or the watermark already past it: ``skipped``; so
-  is a slot passed over by ``catch_up=False``;
+  is a slot passed over by ``catch_up=False``, or older than a ``catch_up`` duration;
 - otherwise ``missed``: the database was unreachable, every replica that declared the job
   recorded what kept it (the database unreachable from it, its event loop blocked by a job,
   its clock ahead of the database's so that its ticks were refused), no live replica declared
@@ -209,17 +209,31 @@ def account(
             continue
         later = _covering(slot, successes, starts)
         fate, reason, explains = facts.cause(slot)
-        if later is not None and (spec.catch_up or later.manual or _slot(later) < slot):
+        if later is not None and (
+            later.manual or _slot(later) < slot or _reaches(spec, slot, later)
+        ):
             lateness = later.started_at - slot
             ledger.append(SlotRecord(slot, Fate.COVERED, reason, later, lateness))
         elif slot + grace > now:
             ledger.append(SlotRecord(slot, Fate.PENDING))
-        elif later is not None:  # passed over by catch_up=False
-            why = "catch_up=False: the next run did not cover it"
+        elif later is not None:  # passed over by catch_up=False, or older than its duration
+            why = (
+                "catch_up=False: the next run did not cover it"
+                if spec.catch_up is False
+                else f"outside the catch-up window ({spec.catch_up:g} s before the next run)"
+            )
             ledger.append(SlotRecord(slot, Fate.SKIPPED, f"{why} ({reason})", later))
         else:
             ledger.append(SlotRecord(slot, fate, reason, explains))
     return ledger
+
+
+def _reaches(spec: Spec, slot: datetime, later: RunRecord) -> bool:
+    """Whether the ``catch_up`` rule let ``later`` cover ``slot``: always (``True``), never
+    (``False``), or when the slot lies within the duration before that run's start."""
+    if isinstance(spec.catch_up, bool):
+        return spec.catch_up
+    return slot >= later.started_at - timedelta(seconds=spec.catch_up) - TOLERANCE
 
 
 def _slot(run: RunRecord) -> datetime:

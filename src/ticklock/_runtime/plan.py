@@ -176,8 +176,9 @@ def windowed(job: Job, slot: datetime | None) -> datetime | None:
 def first(job: Job, state: FleetState, now: datetime) -> datetime | None:
     """The slot to wait for at start or when re-aligning: a job that never ran starts at
     ``now + initial_delay`` (``every``) or its next fire (``cron``); a job whose next slot passed
-    unrun is due at once with ``catch_up`` (one run covers the window), else at the next one
-    after now. Within the job's window (:func:`windowed`)."""
+    unrun is due at once with ``catch_up`` (one run covers the window; with a duration, only
+    if a slot it owes lies within it), else at the next one after now. Within the job's window
+    (:func:`windowed`)."""
     return windowed(job, _first(job, state, now))
 
 
@@ -191,12 +192,20 @@ def _first(job: Job, state: FleetState, now: datetime) -> datetime | None:
     if job.defined_at is not None and isinstance(trigger, Cron) and base < job.defined_at:
         base = job.defined_at  # an edited schedule owes no fire of its new trigger before it
     due = after(trigger, base)
-    if due is None or due > now or (job.catch_up and isinstance(trigger, Every)):
+    if due is None or due > now or job.catch_up is True and isinstance(trigger, Every):
         return due
+    # the oldest missed slot a run covers: any (True), none (False), or those within a duration
+    floor = now if job.catch_up is False else now - timedelta(seconds=job.catch_up)
     if isinstance(trigger, Every):
-        steps = math.ceil((now - due).total_seconds() / trigger.interval)
+        if due >= floor:
+            return due
+        # the first slot of the interval's grid within the window (after now: none missed in it)
+        steps = math.ceil((floor - due).total_seconds() / trigger.interval)
         return due + timedelta(seconds=steps * trigger.interval)
-    return latest(trigger, due, now) if job.catch_up else trigger.next_fire(now)
+    if job.catch_up is False:
+        return trigger.next_fire(now)
+    last = latest(trigger, due, now)
+    return last if job.catch_up is True or last >= floor else trigger.next_fire(now)
 
 
 def resting(job: Job, state: FleetState, start: datetime) -> datetime | None:

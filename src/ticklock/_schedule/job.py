@@ -8,7 +8,7 @@ import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -193,8 +193,9 @@ class JobOptions(TypedDict, total=False):
     """Seconds a run may take (default: half the shortest period, at most 5 minutes)."""
     enabled: bool
     """``False`` declares and validates a job that never runs (default ``True``)."""
-    catch_up: bool
-    """Cover the slots missed while no replica ran with one run at start (default ``True``)."""
+    catch_up: bool | Duration
+    """Cover the slots missed while no replica ran with one run at start (default ``True``);
+    a duration covers only those missed within it before now."""
     overdue_grace: Duration | None
     """Slack before a missing run is overdue (default: 10 % of the period, 1 s to 5 min)."""
     retries: int
@@ -226,7 +227,8 @@ class Job:
     trigger: Trigger
     timeout: float
     enabled: bool
-    catch_up: bool
+    catch_up: bool | float
+    """``True``, ``False``, or the seconds before now within which missed slots are covered."""
     overdue_grace: float
     retries: int = 0
     retry_backoff: float = 10.0
@@ -308,9 +310,13 @@ class Job:
             grace = min(max(period * 0.1, 1.0), 300.0)
         else:
             grace = seconds(overdue_grace, "overdue_grace", job_id=job_id)
-        for flag, value in (("enabled", enabled), ("catch_up", catch_up)):
-            if not isinstance(value, bool):
-                raise error(flag, f"{flag} must be True or False, got {value!r}")
+        if not isinstance(enabled, bool):
+            raise error("enabled", f"enabled must be True or False, got {enabled!r}")
+        if not isinstance(catch_up, bool):
+            if not isinstance(catch_up, (int, float, timedelta)):
+                message = f"catch_up must be True, False or a duration, got {catch_up!r}"
+                raise error("catch_up", message)
+            catch_up = seconds(catch_up, "catch_up", job_id=job_id, allow_zero=False)
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             message = f"retries must be a whole number of retries, 0 or more, got {retries!r}"
             raise error("retries", message)

@@ -9,6 +9,7 @@ one) reads as ``None``: the job is then shown without them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,7 +26,7 @@ class Spec:
     trigger: Trigger
     timeout: float
     retries: int
-    catch_up: bool
+    catch_up: bool | float
     overdue_grace: float
     failure_threshold: int
     enabled: bool
@@ -98,7 +99,7 @@ def from_json(value: Any) -> Spec | None:
             trigger,
             float(value["timeout"]),
             int(value["retries"]),
-            bool(value["catch_up"]),
+            _catch_up(value["catch_up"]),
             float(value["overdue_grace"]),
             int(value.get("failure_threshold", 1)),
             bool(value["enabled"]),
@@ -110,6 +111,15 @@ def from_json(value: Any) -> Spec | None:
         return spec if sane and spec.retries >= 0 and spec.failure_threshold >= 1 else None
     except (KeyError, TypeError, ValueError, ScheduleError):
         return None
+
+
+def _catch_up(value: Any) -> bool | float:
+    """A ``catch_up`` as the records keep it: a flag, or seconds."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise ValueError(f"not a catch_up: {value!r}")
 
 
 def _instant(value: Any) -> datetime | None:
