@@ -156,6 +156,11 @@ if SCENARIO == "secret":
         await log(ctx)
 
 
+if SCENARIO == "limit":
+    # a job that may commit five scheduled runs fleet-wide, due every 0.2 s on every replica
+    scheduler.add(logged, every(0.2), id="limited", limit=5, timeout=0.15, overdue_grace=60)
+
+
 if SCENARIO.startswith("declared-"):
     # one job whose interval differs between releases: ``declared-1``, ``declared-0.5``
     scheduler.add(logged, every(float(SCENARIO.split("-")[1])), id="j1", overdue_grace=60)

@@ -218,6 +218,7 @@ def sample_fleet() -> MemoryFleet:
         job("poked", trigger_at=NOW - timedelta(seconds=5)),
         job("broken", JobState.FAILING, consecutive_failures=1, last_outcome="failure"),
         job("over", JobState.ENDED),
+        job("done", JobState.COMPLETED),
     ]
     runs = [
         run("purge-expired", 45, 0.042),
@@ -336,6 +337,7 @@ def test_the_index_lists_every_job_with_its_state_and_the_live_replicas() -> Non
         ("poked", "ok"),
         ("purge-expired", "ok"),
         ("over", "ended"),
+        ("done", "completed"),
         ("off", "disabled"),
     ]
     for state in JobState:  # each state is a distinctly styled, labelled badge
@@ -524,9 +526,10 @@ def test_the_summary_counts_jobs_by_state_failing_first_and_the_live_replicas() 
         ("paused", 1),
         ("ok", 2),
         ("ended", 1),
+        ("completed", 1),
         ("disabled", 1),
     ]
-    assert "<strong>9</strong> jobs" in summary
+    assert "<strong>10</strong> jobs" in summary
     assert "<strong>2</strong> live replicas" in summary
     assert "3 jobs need a look: failing, overdue or ahead" in summary
     assert 'role="alert"' not in page.body  # replicas are live: no banner

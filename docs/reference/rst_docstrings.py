@@ -33,6 +33,7 @@ JOB_OPTION_DEFAULTS = {
     "failure_threshold": "1",
     "start": "None",
     "end": "None",
+    "limit": "None",
 }
 
 

@@ -142,6 +142,7 @@ class MemoryFleet:
                     job_id=job_id,
                     state=state_of(
                         ended=spec is not None and spec.ended(self._clock.now()),
+                        completed=spec is not None and spec.completed(state.successes),
                         undeclared=job_id not in enabled and job_id not in disabled,
                         disabled=job_id in disabled,
                         paused=state.paused_at is not None or (seen is not None and seen.paused),

@@ -56,6 +56,9 @@ class FleetState:
     version: int | None = None
     """A stored schedule's version as the records hold it (``None``: a job declared in code;
     0: the schedule was deleted)."""
+    successes: int = 0
+    """Scheduled runs that committed (manual ones aside), fleet-wide: a job's ``limit``
+    counts them, with the watermark."""
 
 
 NO_STATE = FleetState()

@@ -40,6 +40,8 @@ class JobState(str, enum.Enum):
     """Paused by an operator: no scheduled run starts; never overdue."""
     ENDED = "ended"
     """Its window's ``end`` has passed: no slot is owed any more; never overdue."""
+    COMPLETED = "completed"
+    """Its ``limit`` of scheduled runs committed, fleet-wide: it runs no more; never overdue."""
     FUTURE = "future"
     """Its watermark lies in the database's future (a replica's clock ran ahead)."""
     OVERDUE = "overdue"
@@ -213,12 +215,14 @@ def state_of(
     overdue: bool,
     failing: bool,
     ended: bool = False,
+    completed: bool = False,
 ) -> JobState:
     """A job's state from what is true of it: the most urgent one that holds."""
     for holds, state in (
         (undeclared, JobState.UNDECLARED),
         (disabled, JobState.DISABLED),
         (paused, JobState.PAUSED),
+        (completed, JobState.COMPLETED),
         (ended, JobState.ENDED),
         (future, JobState.FUTURE),
         (overdue, JobState.OVERDUE),

@@ -42,6 +42,8 @@ def judge(
     whose schedule is not its own to judge by: never overdue here."""
     paused = state.paused_at is not None
     ended = job.end is not None and now > job.end
+    completed = job.limit is not None and state.successes >= job.limit
+    ended |= completed  # nothing more is owed either way
     overdue = False
     base = state.last_end or since
     if held_at is not None and base is not None:
@@ -71,7 +73,8 @@ def judge(
         paused=paused,
         failing=job.enabled and state.consecutive_failures >= job.failure_threshold,
         problem=problem if job.enabled else None,
-        ended=ended,
+        ended=ended and not completed,
+        completed=completed,
     )
 
 

@@ -16,7 +16,8 @@ A slot's fate, first match wins:
 - no run of its own, a later success covered it (``catch_up=True``, or a run an operator
   asked for, or an ``every`` run that started after it): ``covered``, naming the run;
 - due too recently for its run to have ended (slot + timeout + grace): ``pending``;
-- outside the job's window (``before start``, ``after end``), paused by an operator, declared
+- outside the job's window (``before start``, ``after end``), after its ``limit`` of runs
+  (``limit reached``), paused by an operator, declared
   disabled, the run before still running, or the watermark already past it: ``skipped``; so
   is a slot passed over by ``catch_up=False``, or older than a ``catch_up`` duration;
 - otherwise ``missed``: the database was unreachable, every replica that declared the job
@@ -195,6 +196,7 @@ def account(
     jitter = timedelta(seconds=spec.trigger.jitter)
     grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + jitter + TOLERANCE
     on_time = timedelta(seconds=spec.overdue_grace) + jitter
+    done = _completed_at(spec, runs)
     ledger = []
     for slot in slots:
         attempts = own.get(slot)
@@ -206,6 +208,9 @@ def account(
             continue
         if spec.end is not None and slot > spec.end:
             ledger.append(SlotRecord(slot, Fate.SKIPPED, "after end"))
+            continue
+        if done is not None and slot > done:
+            ledger.append(SlotRecord(slot, Fate.SKIPPED, "limit reached"))
             continue
         later = _covering(slot, successes, starts)
         fate, reason, explains = facts.cause(slot)
@@ -226,6 +231,15 @@ def account(
         else:
             ledger.append(SlotRecord(slot, fate, reason, explains))
     return ledger
+
+
+def _completed_at(spec: Spec, runs: list[RunRecord]) -> datetime | None:
+    """The slot of the scheduled success that reached the job's ``limit``, as far back as the
+    records reach (``None``: no limit, or not reached)."""
+    if spec.limit is None:
+        return None
+    committed = [_slot(r) for r in runs if r.outcome == "success" and not r.manual]
+    return committed[spec.limit - 1] if len(committed) >= spec.limit else None
 
 
 def _reaches(spec: Spec, slot: datetime, later: RunRecord) -> bool:

@@ -71,7 +71,7 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
     """What ``job`` does next, given the fleet's ``state`` (with ``result`` folded in) and the
     ``result`` of the attempt that just ended (``None``: at start, or when re-aligning).
     A paused job waits for nothing."""
-    if state.paused_at is not None:
+    if state.paused_at is not None or completed(job, state):
         return IDLE
     if result is not None and result.outcome is Outcome.LOCKED:
         if busy(state, now):  # a batched run elsewhere: look again once its hold has ended
@@ -121,6 +121,11 @@ def hold_limit(job: Job) -> float:
     holder (a second more) and a grace. A holder found past it is ended by the next attempt
     (see ``_postgres``), so a replica that found the lock held looks again by then."""
     return job.timeout + 2 * GRACE
+
+
+def completed(job: Job, state: FleetState) -> bool:
+    """Whether ``job`` ran its ``limit`` of scheduled runs fleet-wide: it runs no more."""
+    return job.limit is not None and state.successes >= job.limit
 
 
 def on_time(slot: datetime | None) -> OnTime | Idle:
@@ -212,6 +217,8 @@ def resting(job: Job, state: FleetState, start: datetime) -> datetime | None:
     """The slot ``job`` waits for while nothing happens to it: after its last run by fixed
     delay, or (it never ran) its first as planned at ``start``. Derived from the row alone,
     so that a replica need not hold a cycle for it (see :mod:`.roster`)."""
+    if completed(job, state):
+        return None
     if state.last_end is None:
         return first(job, state, start)
     return windowed(job, after(job.trigger, since(job.trigger, state.last_end, state.last_slot)))
@@ -442,6 +449,8 @@ def admit(
         return Run(run)
     if state.paused_at is not None:
         return Skip("paused")
+    if completed(job, state):
+        return Skip("limit reached")
     if slot is not None and windowed(job, slot) != slot:  # a declaration from before a change
         return Skip("before start" if job.start is not None and slot < job.start else "after end")
     if slot is None:  # re-align: the fleet's state says which slot is due
@@ -534,6 +543,7 @@ def fold(state: FleetState, result: RunResult) -> FleetState:
             last_owner=result.owner,
             cursor=state.cursor,
             version=state.version,
+            successes=state.successes + (0 if result.manual else 1),
         )
     if result.slot is not None and state.last_slot is not None and state.last_slot >= result.slot:
         # A later slot committed meanwhile (its run began once this one let go of the lock):

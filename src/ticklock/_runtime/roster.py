@@ -168,9 +168,12 @@ class Roster:
                     self.wake(job_id)
 
     def _over(self, job: Job, state: FleetState | None, step: Plan | None) -> bool:
-        """Whether ``job`` waits for nothing because its window ended (not paused, no
-        trigger request): a row that only a trigger wakes (``step``: its plan, if made)."""
-        if job.end is None or (state is not None and (state.paused_at or state.trigger_at)):
+        """Whether ``job`` waits for nothing because its window ended or its limit was
+        reached (not paused, no trigger request): a row that only a trigger wakes (``step``:
+        its plan, if made)."""
+        if job.end is None and job.limit is None:
+            return False
+        if state is not None and (state.paused_at or state.trigger_at):
             return False
         return isinstance(step, Idle) or (step is None and self._resting(job, state) is None)
 

@@ -181,6 +181,8 @@ class JobHealth:
     error and the fix; ``None`` when it can be used."""
     ended: bool = False
     """Its window's ``end`` has passed: no slot is owed any more; never overdue."""
+    completed: bool = False
+    """Its ``limit`` of scheduled runs committed, fleet-wide: it runs no more; never overdue."""
 
 
 class JobOptions(TypedDict, total=False):
@@ -212,6 +214,9 @@ class JobOptions(TypedDict, total=False):
     end: datetime | None
     """An aware datetime: no slot after it (inclusive); after it the job is ``ended``, never
     overdue (default ``None``: none)."""
+    limit: int | None
+    """How many scheduled runs may commit, fleet-wide; then the job is ``completed``, never
+    overdue (default ``None``: no limit)."""
 
 
 _OPTIONS = frozenset(JobOptions.__annotations__)
@@ -238,6 +243,8 @@ class Job:
     """No slot before it (inclusive)."""
     end: datetime | None = None
     """No slot after it (inclusive): the job has then ended."""
+    limit: int | None = None
+    """How many scheduled runs may commit, fleet-wide: the job has then completed."""
     task: str | None = None
     """The task of a stored schedule (``None``: a job declared in code)."""
     args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
@@ -279,6 +286,14 @@ class Job:
         start, end = (instant(options.get(f), f, job_id=job_id) for f in ("start", "end"))
         if start is not None and end is not None and end < start:
             raise error("end", f"end ({end.isoformat()}) is before start ({start.isoformat()})")
+        limit_runs = options.get("limit")
+        if limit_runs is not None and (
+            not isinstance(limit_runs, int) or isinstance(limit_runs, bool) or limit_runs < 1
+        ):
+            message = (
+                f"limit must be a whole number of runs, 1 or more, or None, got {limit_runs!r}"
+            )
+            raise error("limit", message)
 
         if not isinstance(trigger, (Every, Cron)):
             raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")
@@ -359,6 +374,7 @@ class Job:
             failure_threshold=failure_threshold,
             start=start,
             end=end,
+            limit=limit_runs,
         )
 
 
@@ -397,7 +413,7 @@ def declaration(job: Job) -> str:
         f", {key} {value.isoformat()}"
         for key, value in (("start", job.start), ("end", job.end))
         if value is not None
-    )
+    ) + ("" if job.limit is None else f", limit {job.limit}")
     return (
         f"{shape}, timeout {job.timeout:g}s, retries {job.retries} (backoff "
         f"{job.retry_backoff:g}s), catch_up {job.catch_up}, overdue_grace {job.overdue_grace:g}s"

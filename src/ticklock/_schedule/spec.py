@@ -32,10 +32,15 @@ class Spec:
     enabled: bool
     start: datetime | None = None
     end: datetime | None = None
+    limit: int | None = None
 
     def ended(self, now: datetime) -> bool:
         """Whether the job's window ended before ``now``: no slot is owed any more."""
         return self.end is not None and now > self.end
+
+    def completed(self, successes: int) -> bool:
+        """Whether ``successes`` scheduled runs committed reach the job's ``limit``."""
+        return self.limit is not None and successes >= self.limit
 
     @property
     def schedule(self) -> str:
@@ -55,6 +60,7 @@ def of(job: Job) -> Spec:
         job.enabled,
         job.start,
         job.end,
+        job.limit,
     )
 
 
@@ -80,6 +86,7 @@ def to_json(spec: Spec) -> dict[str, Any]:
             for key, value in (("start", spec.start), ("end", spec.end))
             if value is not None
         },
+        **({} if spec.limit is None else {"limit": spec.limit}),
     }
 
 
@@ -105,6 +112,7 @@ def from_json(value: Any) -> Spec | None:
             bool(value["enabled"]),
             _instant(value.get("start")),
             _instant(value.get("end")),
+            None if value.get("limit") is None else int(value["limit"]),
         )
         # a ledger walks the schedule: never a zero step; and no limit a job could not have
         sane = trigger.period > 0 and spec.timeout > 0 and spec.overdue_grace >= 0

@@ -115,6 +115,8 @@ WITH live AS ({live}), declared AS (
 )
 SELECT job_id, j.last_success_at, j.last_outcome, j.next_due,
     coalesce(j.consecutive_failures, 0) AS consecutive_failures,
+    coalesce((SELECT c.successes FROM {s}.counts AS c
+        WHERE c.namespace = j.namespace AND c.job_id = j.job_id), 0) AS successes,
     left(j.last_error, {ERROR_LIMIT}) AS last_error, length(j.last_error) AS error_length,
     j.last_owner,
     j.paused_at, j.trigger_at, coalesce(j.overdue_at < now(), false) AS overdue, j.spec::text,
@@ -430,6 +432,7 @@ def _state(row: asyncpg.Record, spec: _spec.Spec | None, now: datetime) -> JobSt
     threshold = spec.failure_threshold if spec is not None else 1
     return state_of(
         ended=spec is not None and spec.ended(now),
+        completed=spec is not None and spec.completed(row["successes"]),
         undeclared=row["fleet"] and row["enabled"] is None,  # live replicas run, none declares it
         disabled=row["fleet"] and row["enabled"] is False,
         paused=row["paused_at"] is not None,

@@ -26,7 +26,7 @@ from ..._schedule.lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 10
+VERSION = 11
 _TABLES = (
     "schema_version",
     "jobs",
@@ -37,6 +37,7 @@ _TABLES = (
     "audit",
     "seals",
     "schedule_log",
+    "counts",
 )
 _MIGRATION_LOCK = "ticklock.migrate"
 LOCK_TIMEOUT_MS = 200
@@ -191,6 +192,14 @@ CREATE INDEX IF NOT EXISTS audit_job ON {s}.audit (namespace, job_id, at);""",
         # early, with the same check. Deleting or changing the row fires it too. It runs
         # with pg_catalog's functions and operators only: a search_path a handler set
         # cannot put others first.
+        # each job's scheduled runs that committed, counted in the tick's transaction (a limit)
+        "counts": f"""
+CREATE TABLE IF NOT EXISTS {s}.counts (
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    successes bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, job_id)
+);""",
         "seals": f"""
 CREATE TABLE IF NOT EXISTS {s}.seals (seal bytea PRIMARY KEY);
 CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql
@@ -258,6 +267,8 @@ def upgrades(schema: str) -> dict[int, str]:
         "WHERE spec ? 'task'; "
         f"CREATE INDEX IF NOT EXISTS jobs_tenant ON {s}.jobs "
         "(namespace, (spec->>'tenant'), job_id) WHERE spec ? 'task'",
+        # a job's limit: the counts table comes with migration() (no DDL on a table a run holds)
+        10: "",
     }
 
 

@@ -33,14 +33,16 @@ class Statements:
             "SELECT now(), j.last_slot, j.last_end, j.last_success_at, "
             "coalesce(j.consecutive_failures, 0), j.failed_slot, "
             "coalesce(j.failed_attempts, 0), j.paused_at, j.trigger_at, j.last_owner, "
-            "j.busy_until, j.batch_cursor::text, (j.spec->>'version')::int "
+            "j.busy_until, j.batch_cursor::text, (j.spec->>'version')::int, "
+            f"coalesce((SELECT c.successes FROM {s}.counts AS c "
+            "WHERE c.namespace = $1 AND c.job_id = $2), 0) "
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
         tables = ", ".join(
             f"'{s}.{t}'"
-            for t in ("jobs", "runs", "replicas", "presence", "outages", "audit", "seals")
+            for t in ("jobs", "runs", "replicas", "presence", "outages", "audit", "seals", "counts")
         )
         self.ungranted = f"""
 SELECT array_agg(what ORDER BY what) FROM (
@@ -91,8 +93,14 @@ WHERE j.namespace = $1 AND j.job_id = v.id"""
             "failed_attempts, paused_at, trigger_at, last_owner, busy_until, batch_cursor::text, "
             "(spec->>'version')::int"
         )
+        # the job's count of scheduled runs that committed (a limit), after those columns
+        counted = (
+            f"coalesce((SELECT c.successes FROM {s}.counts AS c "
+            "WHERE c.namespace = $1 AND c.job_id = {job}), 0)"
+        )
         self.load = (
-            f"SELECT job_id, overdue_at, {columns} FROM {s}.jobs "
+            f"SELECT job_id, overdue_at, {columns}, {counted.format(job='jobs.job_id')} "
+            f"FROM {s}.jobs "
             "WHERE namespace = $1 AND job_id = ANY($2::text[])"
         )
         # the jobs' states, and whether a run holds each one's lock ($3: the lock keys; $4:
@@ -114,6 +122,7 @@ WITH advisory AS MATERIALIZED (
         AND (d.until IS NULL OR d.until >= extract(epoch FROM clock_timestamp()))
 )
 SELECT v.id AS job_id, {", ".join(_qualified(c) for c in columns.split(", "))},
+    {counted.format(job="v.id")},
     (EXISTS (SELECT FROM held WHERE high = (v.key >> 32) & 4294967295
         AND low = v.key & 4294967295)
     OR EXISTS (SELECT FROM advisory WHERE objsubid = 1 AND exclusive
@@ -160,6 +169,10 @@ WITH guard AS (
     INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
         report, manual, batches, capped)
     SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11, $17, $18 FROM j
+), c AS (
+    INSERT INTO {s}.counts AS c (namespace, job_id, successes)
+    SELECT $1, $2, 1 FROM j WHERE NOT $11
+    ON CONFLICT (namespace, job_id) DO UPDATE SET successes = c.successes + 1
 ), sealed AS (
     DELETE FROM {s}.seals WHERE seal = $19::bytea
 )

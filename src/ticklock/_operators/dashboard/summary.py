@@ -16,6 +16,7 @@ URGENCY = (
     JobState.PAUSED,
     JobState.OK,
     JobState.ENDED,
+    JobState.COMPLETED,
     JobState.DISABLED,
 )
 """States in the order an operator reads them: what needs a look first, what is off last."""
