@@ -10,9 +10,10 @@ import random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
+import anyio
 import pytest
 
-from helpers import SteppingClock, at
+from helpers import SteppingClock, at, run_log
 from ticklock import JobContext, JobHealth, Scheduler, cron, every
 from ticklock._runtime import roster as _roster
 from ticklock._runtime.cycle import HORIZON, LOOK
@@ -212,3 +213,77 @@ async def test_ten_thousand_idle_jobs_hold_no_cycle_and_no_timer() -> None:
         # held: those due within the horizon of now, and those that ran and wait for a look
         assert 0 < len(scheduler._roster.cycles) < 1_000
         assert len(scheduler.health()) == 10_000
+
+
+async def test_run_now_of_a_sleeping_job_across_a_look_leaves_one_cycle() -> None:
+    # a look during run_now() must not drop the cycle it runs on; after it, one tick a slot,
+    # and remove() stops the job
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    gate = anyio.Event()
+    slots: list[float] = []
+
+    @scheduler.job(every(3600, initial_delay=1800), id="r", timeout=600)
+    async def r(ctx: JobContext) -> None:
+        slots.append((ctx.slot - T0).total_seconds())
+        if len(slots) == 1:
+            await gate.wait()
+
+    with run_log() as log:
+        async with scheduler:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(scheduler.run_now, "r")
+                await clock.advance(1)
+                held = scheduler._roster.cycles["r"]
+                await clock.advance(LOOK + 10)  # a look while the manual run is in flight
+                assert scheduler._roster.cycles.get("r") is held
+                gate.set()
+                await clock.advance(1)
+            await clock.advance(2 * 3600)
+            ticks = len(log.runs)
+            scheduler.remove("r")
+            await clock.advance(3 * 3600)
+    assert ticks == 3 and len(log.runs) == 3  # the manual run, then one tick a slot
+    assert log.outcomes("r") == ["success"] * 3
+
+
+@pytest.mark.parametrize("step", [-1800.0, +400.0])
+async def test_a_wall_clock_step_moves_a_sleeping_every_job_no_more_than_a_held_one(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    # G8: every is on the monotonic clock, asleep as held
+    async def starts(held: bool) -> list[float]:
+        if held:
+            monkeypatch.setattr(_roster, "HORIZON", 1e9)
+        clock = SteppingClock(T0)
+        scheduler = Scheduler(clock=clock)
+        out: list[float] = []
+
+        @scheduler.job(every(3600, initial_delay=600), id="e", timeout=5)
+        async def e(ctx: JobContext) -> None:
+            out.append(clock.monotonic())
+
+        async with scheduler:
+            await clock.advance(100)
+            clock.offset = step  # NTP steps the wall clock
+            await clock.advance(2 * 3600)
+        monkeypatch.undo()
+        return out
+
+    assert await starts(held=False) == await starts(held=True) == [600, 4200]
+
+
+async def test_a_sleeping_job_woken_again_and_again_keeps_one_place() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    @scheduler.job(every(days=300, initial_delay=3600), id="rare", timeout=5)
+    async def rare(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:
+        for _ in range(50):  # each woken by an operator, and dropped again by the next look
+            scheduler._roster.wake("rare")
+            await clock.advance(LOOK)
+        places = sum(len(ids) for ids in scheduler._roster._asleep.values())
+    assert places <= 1

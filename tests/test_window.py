@@ -203,3 +203,30 @@ async def test_on_postgres_a_window_is_kept_and_an_ended_job_passes_status(
     out = await anyio.run_process(argv, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert b"ENDED" in out.stdout
+
+
+async def test_a_job_whose_window_opens_later_is_not_overdue_before_its_first_slot() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    @scheduler.job(
+        every(3600, initial_delay=1800), id="w", timeout=5, start=T0 + timedelta(minutes=50)
+    )
+    async def w(ctx: JobContext) -> None:
+        pass
+
+    overdue = []
+    async with scheduler:
+        for _ in range(8):  # its first slot: 0:50 + 30 min
+            await clock.advance(600)
+            overdue.append(scheduler.health()[0].overdue)
+    assert not any(overdue)
+
+
+def test_a_window_past_the_calendars_reach_is_refused_at_declaration() -> None:
+    async def far(ctx: JobContext) -> None:
+        pass
+
+    with pytest.raises(ScheduleError, match="start must be before the year 9001") as caught:
+        Scheduler().add(far, every(60), id="far", start=datetime(9999, 12, 31, tzinfo=timezone.utc))
+    assert caught.value.field == "start"

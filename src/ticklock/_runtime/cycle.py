@@ -322,7 +322,11 @@ class Cycle(Entry):
         """Run one tick now (slot = now), and plan from the state it read."""
         runner = self.crew.runner
         assert runner is not None
-        result, state = await runner.execute(self.job, None, manual=True)
+        self.by_hand += 1
+        try:
+            result, state = await runner.execute(self.job, None, manual=True)
+        finally:
+            self.by_hand -= 1
         self._observe(result, state)
         # not once the scheduler stops: its drain must start no new tick (G7)
         live = not self.removed and self.crew.running

@@ -21,6 +21,7 @@ class Entry(Timer):
     __slots__ = (
         "ahead",
         "attempt",
+        "by_hand",
         "credit",
         "fire_at",
         "given_up_at",
@@ -46,6 +47,7 @@ class Entry(Timer):
         self.attempt = 1  # of the slot: 2 and more for a retry
         self.fire_at: datetime | None = None  # the slot plus this replica's jitter
         self.running = False  # a run or a look of it is in flight
+        self.by_hand = 0  # run_now() calls in flight
         self.removed = False
         self.since: datetime | None = None  # when it was scheduled: the overdue base
         self.state: FleetState | None = None  # the fleet's state as this replica last saw it

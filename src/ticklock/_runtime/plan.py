@@ -271,6 +271,11 @@ def overdue_at(job: Job, base: datetime) -> datetime | None:
     due = windowed(job, after(job.trigger, base))
     if due is None:  # the schedule is over (an end passed): never overdue
         return None
+    if job.start is not None and base < job.start:  # nothing is owed before its first slot
+        opening = windowed(job, job.start - timedelta(microseconds=1))
+        if opening is None:
+            return None
+        due = max(due, opening)
     slack = job.trigger.jitter + job.timeout + job.overdue_grace
     return due + timedelta(seconds=slack)
 

@@ -9,18 +9,22 @@ whose slot lies beyond the horizon is dropped, since its slot follows from the r
 the jobs whose slots come within :data:`~.cycle.HORIZON`. Operators' steering, ``run_now`` and
 the database answering again wake a job at once. So a replica's memory and timers grow with
 what is due soon, not with the number of jobs; :meth:`Roster.health` judges a sleeping job
-from its row as a cycle's health judges it.
+from its row as a cycle's health judges it (its next fire is its slot: the jitter is drawn
+when it wakes). A sleeping ``every`` job keeps to the monotonic clock as a held one does (its
+bucket counts on it, as the wall clock stood when it was planned); a cron job to the wall
+clock.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 
 from .._backends.seam import NO_STATE, FleetState
 from .._operators.health import judge
 from .._schedule.job import Job, JobHealth, fingerprint
+from .._schedule.triggers import Cron
 from .._telemetry import logger
 from .clock import Clock
 from .crew import Crew
@@ -28,6 +32,10 @@ from .cycle import HORIZON, LOOK, Cycle
 from .entry import NO_CREDIT
 from .loop import STEP_TOLERANCE, WALL_WATCH
 from .plan import Idle, OnTime, Plan, plan, resting
+
+WALL = -1
+"""The clock of a sleeping cron job: the wall clock (its slots are the wall clock's instants,
+as the loop waits for a held one's)."""
 
 
 class Roster:
@@ -41,7 +49,12 @@ class Roster:
         """The jobs held awake, by id."""
         self._states: dict[str, FleetState] = {}  # a sleeping job's state, when it has one
         self._start: datetime | None = None  # when the sleeping jobs that never ran were planned
-        self._asleep: dict[int, list[str]] = {}  # sleeping jobs by their slot's bucket
+        self._since: datetime | None = None  # when this run of the scheduler planned them first
+        # sleeping jobs by (clock, bucket): a cron job's bucket counts on the wall clock
+        # (WALL); an every job's on the monotonic clock, as the wall clock stood (its offset,
+        # an index of _offsets) when it was planned, so that a wall-clock step does not move it
+        self._asleep: dict[tuple[int, int], set[str]] = {}
+        self._offsets: list[float] = []  # the wall-less-monotonic offsets the jobs were planned at
         self._fingerprints: dict[str, str] = {}  # computed when first published
         self._offset = 0.0  # the wall clock less the monotonic one, at the last look
 
@@ -77,8 +90,11 @@ class Roster:
 
     def start(self, states: Mapping[str, FleetState] | None, now: datetime) -> None:
         """Plan every job at ``now`` from the fleet's ``states`` (``None``: not known yet)."""
-        self._start, self._offset = now, _offset(self._crew.clock)
+        clock = self._crew.clock
+        self._start = self._since = now
+        self._offset = _offset(clock)
         self._asleep.clear()
+        self._offsets = [self._offset]
         for job_id, job in self.jobs.items():
             state = None if states is None else states.get(job_id)
             if (cycle := self.cycles.get(job_id)) is not None:
@@ -87,8 +103,9 @@ class Roster:
                 self._place(job, state, now)
 
     def reload(self, states: Mapping[str, FleetState], now: datetime) -> None:
-        """The database answers again: plan every job from the fleet's ``states``."""
-        self._start = now  # a job that never ran is planned anew from now, as a cycle is
+        """The database answers again: plan every job from the fleet's ``states`` (a job that
+        never ran is planned from now, as a cycle's reload plans it; its overdue base stays)."""
+        self._start = now
         for job_id, job in self.jobs.items():
             state = states.get(job_id)
             if (cycle := self.cycles.get(job_id)) is not None:
@@ -98,40 +115,65 @@ class Roster:
 
     def _place(self, job: Job, state: FleetState | None, now: datetime) -> None:
         """Plan ``job`` at ``now`` as a cycle starting would: asleep if it waits for a slot
-        beyond the horizon (or, disabled, for nothing), else in a cycle."""
+        beyond the horizon (or for nothing: disabled, its window ended, its limit reached),
+        else in a cycle."""
         if not job.enabled:  # a row whatever its state: nothing to plan
-            self._sleep(job.id, state, None)
+            self._sleep(job, state, None)
             return
         step = plan(job, state or NO_STATE, now)
         if self._over(job, state, step):
-            self._sleep(job.id, state, None)
+            self._sleep(job, state, None)
             return
         if isinstance(step, OnTime) and step.slot == self._resting(job, state):
-            bucket = _bucket(step.slot)
-            if bucket > _limit(now):
-                self._sleep(job.id, state, bucket)
+            key = self._key(job, step.slot, self._epoch(self._offset))
+            if key[1] > self._limit(key[0]):
+                self._sleep(job, state, key)
                 return
+        self._states.pop(job.id, None)
         cycle = self.cycles[job.id] = Cycle(job, self._crew)
         cycle.start(state, now)
+        cycle.since = self._since
 
     def _resting(self, job: Job, state: FleetState | None) -> datetime | None:
         assert self._start is not None
         return resting(job, state or NO_STATE, self._start)
 
-    def _sleep(self, job_id: str, state: FleetState | None, bucket: int | None) -> None:
-        """Keep only ``job_id``'s row, woken at ``bucket``'s look (``None``: never)."""
+    def _epoch(self, offset: float) -> int:
+        """The index of ``offset`` among those the sleeping every jobs were planned at."""
+        for i, known in enumerate(self._offsets):
+            if abs(known - offset) <= STEP_TOLERANCE:
+                return i
+        self._offsets.append(offset)
+        return len(self._offsets) - 1
+
+    def _key(self, job: Job, slot: datetime, epoch: int) -> tuple[int, int]:
+        """The bucket of a job sleeping until ``slot``: on the wall clock for cron, on the
+        monotonic clock (as the wall clock stood at ``epoch``) for ``every``."""
+        if isinstance(job.trigger, Cron):
+            return WALL, math.floor(slot.timestamp() / LOOK)
+        return epoch, math.floor((slot.timestamp() - self._offsets[epoch]) / LOOK)
+
+    def _limit(self, clock: int) -> int:
+        """The last bucket of ``clock`` held now: the slots up to a horizon ahead, and the
+        rest of the bucket that ends it."""
+        if clock == WALL:
+            return math.floor((self._crew.clock.now().timestamp() + HORIZON) / LOOK)
+        return math.floor((self._crew.clock.monotonic() + HORIZON) / LOOK)
+
+    def _sleep(self, job: Job, state: FleetState | None, key: tuple[int, int] | None) -> None:
+        """Keep only ``job``'s row, woken at ``key``'s look (``None``: never)."""
         if state is None:
-            self._states.pop(job_id, None)
+            self._states.pop(job.id, None)
         else:
-            self._states[job_id] = state
-        if bucket is not None:
-            self._asleep.setdefault(bucket, []).append(job_id)
+            self._states[job.id] = state
+        if key is not None:
+            self._asleep.setdefault(key, set()).add(job.id)
 
     async def follow(self) -> None:
         """Until cancelled: a :meth:`look` every :data:`~.cycle.LOOK` seconds, and at once when
-        the wall clock steps (NTP, a VM's resume), which may bring slots within the horizon:
-        the wall clock is read every :data:`~.loop.WALL_WATCH` seconds, as the loop reads it
-        for a cron job it holds."""
+        the wall clock steps (NTP, a VM's resume), which may bring cron slots within the
+        horizon: the wall clock is read every :data:`~.loop.WALL_WATCH` seconds, as the loop
+        reads it for a cron job it holds."""
         clock = self._crew.clock
         next_look = clock.monotonic() + LOOK
         while True:
@@ -141,31 +183,37 @@ class Roster:
                 continue
             next_look, self._offset = clock.monotonic() + LOOK, offset
             try:
-                self.look(clock.now())
+                self.look()
             except Exception:  # a bug in ticklock itself must not stop the scheduler
                 logger.exception("internal error in a look at the jobs due soon")
 
-    def look(self, now: datetime) -> None:
-        """Drop the cycles at rest beyond the horizon; build those of the sleeping jobs whose
-        slots come within it."""
-        limit = _limit(now)
-        for job_id, cycle in list(self.cycles.items()):
-            if (slot := self._at_rest(cycle)) is not None and (bucket := _bucket(slot)) > limit:
-                del self.cycles[job_id]
-                cycle.stop()
-                self._sleep(job_id, cycle.state, bucket)
-            elif self._quiet(cycle) and self._over(cycle.job, cycle.state, None):
-                del self.cycles[job_id]
-                cycle.stop()
-                self._sleep(job_id, cycle.state, None)
-        for bucket in sorted(b for b in self._asleep if b <= limit):
-            for job_id in self._asleep.pop(bucket):
+    def look(self) -> None:
+        """Drop the cycles at rest beyond the horizon (or waiting for nothing: disabled, their
+        window ended, their limit reached); build those of the sleeping jobs whose slots come
+        within it."""
+        for cycle in list(self.cycles.values()):
+            if not self._quiet(cycle):
+                continue
+            if not cycle.job.enabled or self._over(cycle.job, cycle.state, None):
+                self._drop(cycle, None)
+            elif (key := self._at_rest(cycle)) is not None and key[1] > self._limit(key[0]):
+                self._drop(cycle, key)
+        limits = {clock: self._limit(clock) for clock, _ in self._asleep}
+        for key in sorted(k for k in self._asleep if k[1] <= limits[k[0]]):
+            for job_id in sorted(self._asleep.pop(key)):
                 job = self.jobs.get(job_id)
                 if job is None or job_id in self.cycles:
                     continue  # removed, or woken already
                 slot = self._resting(job, self._states.get(job_id))
-                if slot is not None and _bucket(slot) == bucket:  # else it sleeps elsewhere
-                    self.wake(job_id)
+                if slot is not None and self._key(job, slot, max(key[0], 0)) == key:
+                    self._wake(job, slot, key[0])  # else it sleeps in another bucket
+
+    def _drop(self, cycle: Cycle, key: tuple[int, int] | None) -> None:
+        """Keep only ``cycle``'s row: its cycle waits for nothing more (a run it started
+        finishes, and plans nothing)."""
+        del self.cycles[cycle.job.id]
+        cycle.remove()
+        self._sleep(cycle.job, cycle.state, key)
 
     def _over(self, job: Job, state: FleetState | None, step: Plan | None) -> bool:
         """Whether ``job`` waits for nothing because its window ended or its limit was
@@ -178,10 +226,13 @@ class Roster:
         return isinstance(step, Idle) or (step is None and self._resting(job, state) is None)
 
     def _quiet(self, cycle: Cycle) -> bool:
-        """Whether ``cycle`` has nothing to remember but its row (see :meth:`_at_rest`)."""
+        """Whether ``cycle`` has nothing to remember but its row: no run (nor ``run_now``) or
+        look out, no trigger to serve, no retry, no lock found held, no failure here, no pause
+        it must credit, not given up, no role of its own."""
+        credit = cycle.credit
+        state = cycle.state
         return not (
-            not cycle.job.enabled
-            or cycle.running
+            cycle.running
             or cycle.manual
             or cycle.removed
             or cycle.steered
@@ -191,18 +242,24 @@ class Roster:
             or cycle.held_at is not None
             or cycle.own_failures
             or cycle.given_up_at is not None
-            or cycle.credit != NO_CREDIT
+            or cycle.by_hand
+            or (credit != NO_CREDIT and credit[0] == (state.last_end if state else None))
+            or (state is not None and state.paused_at is not None)
         )
 
-    def _at_rest(self, cycle: Cycle) -> datetime | None:
-        """The slot ``cycle`` waits for if it has nothing else to remember, and the row gives
-        that slot again; else ``None`` (it stays held)."""
-        if cycle.slot is None or not self._quiet(cycle):
+    def _at_rest(self, cycle: Cycle) -> tuple[int, int] | None:
+        """The bucket of the slot a quiet ``cycle`` waits for, if the row gives that slot
+        again; else ``None`` (it stays held)."""
+        slot, state = cycle.slot, cycle.state
+        if slot is None or cycle.fire_at is None:
             return None
-        state = cycle.state
-        if (state is None or state.last_end is None) and cycle.since != self._start:
+        if (state is None or state.last_end is None) and cycle.since != self._since:
             return None  # the overdue base is its own start, which a row does not keep
-        return cycle.slot if cycle.slot == self._resting(cycle.job, state) else None
+        if slot != self._resting(cycle.job, state):
+            return None
+        # the offset it was planned at: its deadline (monotonic) against its fire (wall)
+        epoch = self._epoch(cycle.fire_at.timestamp() - cycle.base)
+        return self._key(cycle.job, slot, epoch)
 
     def wake(self, job_id: str) -> Cycle | None:
         """The cycle of ``job_id``, built now from its row if it sleeps (``None``: not
@@ -211,11 +268,28 @@ class Roster:
             return cycle
         if (job := self.jobs.get(job_id)) is None:
             return None
-        state = self._states.pop(job_id, None)
-        cycle = self.cycles[job_id] = Cycle(job, self._crew)
-        cycle.state, cycle.since = state, self._start
-        if job.enabled and self._crew.running and (slot := self._resting(job, state)):
-            cycle.wait(OnTime(slot))
+        slot = self._resting(job, self._states.get(job_id)) if self._start else None
+        epoch = 0 if self._offsets else WALL
+        if slot is not None:  # out of its bucket (on the clock it was planned on)
+            for i in [WALL] if isinstance(job.trigger, Cron) else range(len(self._offsets)):
+                found = self._asleep.get(self._key(job, slot, max(i, 0)))
+                if found is not None and job_id in found:
+                    found.discard(job_id)
+                    epoch = i
+                    break
+        return self._wake(job, slot, epoch)
+
+    def _wake(self, job: Job, slot: datetime | None, epoch: int) -> Cycle:
+        state = self._states.pop(job.id, None)
+        cycle = self.cycles[job.id] = Cycle(job, self._crew)
+        cycle.state, cycle.since = state, self._since
+        if job.enabled and self._crew.running and slot is not None:
+            now = None  # a cron slot: on the wall clock as it stands
+            if epoch != WALL and self._offsets:  # on the clock it was planned on
+                now = datetime.fromtimestamp(
+                    self._crew.clock.monotonic() + self._offsets[epoch], timezone.utc
+                )
+            cycle.wait(OnTime(slot), now)
         return cycle
 
     # -- what operators see --------------------------------------------------------------
@@ -236,7 +310,7 @@ class Roster:
                     state or NO_STATE,
                     now=now,
                     clock_now=clock_now,
-                    since=self._start,
+                    since=self._since,
                     held_at=None,
                     credit=NO_CREDIT,
                     next_fire=self._resting(job, state) if planned else None,
@@ -259,14 +333,3 @@ class Roster:
 def _offset(clock: Clock) -> float:
     """The wall clock less the monotonic one: it moves when the wall clock steps."""
     return clock.now().timestamp() - clock.monotonic()
-
-
-def _bucket(slot: datetime) -> int:
-    """The look at or after which a job waiting for ``slot`` is held again."""
-    return math.floor(slot.timestamp() / LOOK)
-
-
-def _limit(now: datetime) -> int:
-    """The last bucket held at ``now``: the slots up to a horizon ahead, and the rest of the
-    bucket that ends it."""
-    return math.floor((now.timestamp() + HORIZON) / LOOK)

@@ -15,6 +15,9 @@ from .._errors import ScheduleError
 Duration = float | int | timedelta
 """A duration: seconds as a number, or a :class:`datetime.timedelta`."""
 
+LAST_YEAR = 9000
+"""The last year a ``start`` or ``end`` may fall in: the slots around it stay dates the
+calendar has."""
 MAX_NAME = 200
 MAX_SECONDS = 100 * 365.25 * 86400
 """The longest duration accepted: 100 years (a slot must stay a date the calendar has)."""
@@ -65,10 +68,13 @@ def instant(value: object, field: str, *, job_id: str | None = None) -> datetime
         )
         raise ScheduleError(message, job_id=job_id, field=field)
     try:
-        return value.astimezone(timezone.utc)
+        at = value.astimezone(timezone.utc)
     except OverflowError:
-        message = f"{field} must be a date the calendar has in UTC, got {value.isoformat()}"
-        raise ScheduleError(message, job_id=job_id, field=field) from None
+        at = None
+    if at is None or at.year > LAST_YEAR:  # slots after it would overflow the calendar
+        message = f"{field} must be before the year {LAST_YEAR + 1}, got {value.isoformat()}"
+        raise ScheduleError(message, job_id=job_id, field=field)
+    return at
 
 
 def described(char: str, at: int) -> str:
