@@ -53,7 +53,7 @@ class Roster:
         # sleeping jobs by (clock, bucket): a cron job's bucket counts on the wall clock
         # (WALL); an every job's on the monotonic clock, as the wall clock stood (its offset,
         # an index of _offsets) when it was planned, so that a wall-clock step does not move it
-        self._asleep: dict[tuple[int, int], set[str]] = {}
+        self._asleep: dict[tuple[int, int], list[str]] = {}
         self._offsets: list[float] = []  # the wall-less-monotonic offsets the jobs were planned at
         self._fingerprints: dict[str, str] = {}  # computed when first published
         self._offset = 0.0  # the wall clock less the monotonic one, at the last look
@@ -167,7 +167,7 @@ class Roster:
         else:
             self._states[job.id] = state
         if key is not None:
-            self._asleep.setdefault(key, set()).add(job.id)
+            self._asleep.setdefault(key, []).append(job.id)
 
     async def follow(self) -> None:
         """Until cancelled: a :meth:`look` every :data:`~.cycle.LOOK` seconds, and at once when
@@ -200,7 +200,7 @@ class Roster:
                 self._drop(cycle, key)
         limits = {clock: self._limit(clock) for clock, _ in self._asleep}
         for key in sorted(k for k in self._asleep if k[1] <= limits[k[0]]):
-            for job_id in sorted(self._asleep.pop(key)):
+            for job_id in self._asleep.pop(key):
                 job = self.jobs.get(job_id)
                 if job is None or job_id in self.cycles:
                     continue  # removed, or woken already
@@ -273,8 +273,8 @@ class Roster:
         if slot is not None:  # out of its bucket (on the clock it was planned on)
             for i in [WALL] if isinstance(job.trigger, Cron) else range(len(self._offsets)):
                 found = self._asleep.get(self._key(job, slot, max(i, 0)))
-                if found is not None and job_id in found:
-                    found.discard(job_id)
+                if found is not None and job_id in found:  # a scan: an operator's wake
+                    found.remove(job_id)
                     epoch = i
                     break
         return self._wake(job, slot, epoch)
