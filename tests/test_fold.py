@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from random import Random
 
@@ -98,31 +99,34 @@ async def coordinator(kind: str, pg_dsn: str) -> AsyncIterator[Coordinator]:
         yield c
 
 
+@pytest.mark.parametrize("limit", [None, 100], ids=["no-limit", "a-limit"])
 async def test_each_backend_folds_every_run_as_plan_fold_does(
-    kind: str, request: pytest.FixtureRequest
+    kind: str, limit: int | None, request: pytest.FixtureRequest
 ) -> None:
     pg_dsn = request.getfixturevalue("pg_dsn") if kind == "postgres" else ""
+    job = replace(JOB, limit=limit)  # a limit counts the scheduled successes
     async with coordinator(kind, pg_dsn) as c:
-        states = await c.load({JOB.id: JOB}, BASE)
+        states = await c.load({job.id: job}, BASE)
         expected = states.get(JOB.id, NO_STATE)
         assert expected == NO_STATE
         for i, result in enumerate(SEQUENCE):
-            attempt = await c.attempt(JOB.id, JOB.timeout, result.slot or result.started_at)
+            attempt = await c.attempt(job.id, job.timeout, result.slot or result.started_at)
             assert attempt.acquired, i
             assert attempt.state == expected, i  # what the tick reads under the lock
             if result.outcome is Outcome.SUCCESS:
-                await attempt.commit(result, JOB)
+                await attempt.commit(result, job)
                 await attempt.close()
             else:
                 await attempt.close()
-                await attempt.record_failure(result, JOB)
-            expected = fold(expected, result)
-            read, held = await c.read([JOB.id])
+                await attempt.record_failure(result, job)
+            expected = fold(expected, result, counted=limit is not None)
+            read, held = await c.read([job.id])
             assert held == frozenset(), i
-            assert read[JOB.id] == expected, (i, result)
+            assert read[job.id] == expected, (i, result)
         # the sequence reached every branch of the fold
         assert expected.last_slot == at(11) and expected.last_end == at(28)
         assert expected.consecutive_failures == 0 and expected.failed_slot is None
+        assert expected.successes == (0 if limit is None else 4)
 
 
 async def test_a_manual_failure_of_a_slot_already_passed_still_serves_its_trigger(
@@ -151,6 +155,6 @@ async def test_a_manual_failure_of_a_slot_already_passed_still_serves_its_trigge
         await attempt.close()
         await attempt.record_failure(failed, JOB)
         after = (await c.read([JOB.id]))[0][JOB.id]
-        assert after == fold(before, failed)
+        assert after == fold(before, failed, counted=False)
         assert after.trigger_at is None  # served
         assert after.last_slot == ahead and after.consecutive_failures == 0  # nothing else

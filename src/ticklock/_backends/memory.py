@@ -287,9 +287,10 @@ class MemoryDatabase:
         old = self.states.get(job_id, FleetState())
         self.states[job_id] = replace(old, cursor=cursor)
 
-    def fold(self, result: RunResult) -> None:
-        """Fold a run that executed into the job's state, and keep it in the history."""
-        self.states[result.job_id] = fold(self.states.get(result.job_id, NO_STATE), result)
+    def fold(self, result: RunResult, job: Job) -> None:
+        """Fold a run of ``job`` that executed into its state, and keep it in the history."""
+        state = self.states.get(result.job_id, NO_STATE)
+        self.states[result.job_id] = fold(state, result, counted=job.limit is not None)
         self.recorded(result)
 
 
@@ -317,7 +318,7 @@ class _MemoryAttempt:
         last = self._db.states.get(self.job_id, FleetState()).last_slot
         if last is not None and result.slot is not None and result.slot <= last:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self.job_id} is already committed")
-        self._db.fold(result)
+        self._db.fold(result, job)
         if result.batches:
             self._db.keep_cursor(self.job_id, cursor)
 
@@ -343,7 +344,7 @@ class _MemoryAttempt:
     async def record_failure(self, result: RunResult, job: Job) -> None:
         """Count the failure in the fleet's state."""
         await self._db._gate(self.owner)
-        self._db.fold(result)
+        self._db.fold(result, job)
 
 
 class MemoryCoordinator:

@@ -530,9 +530,10 @@ def standing(
 # -- the fold -------------------------------------------------------------------------------
 
 
-def fold(state: FleetState, result: RunResult) -> FleetState:
+def fold(state: FleetState, result: RunResult, *, counted: bool) -> FleetState:
     """``state`` once ``result`` (a run that executed) is recorded: a success commits its slot
-    (the watermark), a failure counts toward its slot's retries and the job's failures."""
+    (the watermark), a failure counts toward its slot's retries and the job's failures.
+    ``counted``: the job has a ``limit``, which a scheduled success counts toward."""
     if result.outcome is Outcome.SUCCESS:
         last_end = state.last_end
         # built directly (every other field at its default), not with replace: once a run
@@ -548,7 +549,7 @@ def fold(state: FleetState, result: RunResult) -> FleetState:
             last_owner=result.owner,
             cursor=state.cursor,
             version=state.version,
-            successes=state.successes + (0 if result.manual else 1),
+            successes=state.successes + (counted and not result.manual),
         )
     if result.slot is not None and state.last_slot is not None and state.last_slot >= result.slot:
         # A later slot committed meanwhile (its run began once this one let go of the lock):

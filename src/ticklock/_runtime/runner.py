@@ -210,7 +210,7 @@ class Runner:
                 result = run.result = self._result(job, run, started)
                 await attempt.commit(result, job, run.cursor)
                 if run.state is not None:
-                    run.state = _plan.fold(run.state, result)
+                    run.state = _plan.fold(run.state, result, counted=job.limit is not None)
         except anyio.get_cancelled_exc_class():
             run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
             with anyio.CancelScope(shield=True):
@@ -360,7 +360,7 @@ class Runner:
             result = self._result(job, run, started)
         if run.executed and result.outcome is not Outcome.SUCCESS:
             if run.state is not None:
-                run.state = _plan.fold(run.state, result)
+                run.state = _plan.fold(run.state, result, counted=job.limit is not None)
             assert attempt is not None  # only an attempt that took the lock executes
             try:
                 await attempt.record_failure(result, job)

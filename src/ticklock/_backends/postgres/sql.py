@@ -171,7 +171,7 @@ WITH guard AS (
     SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, $11, $17, $18 FROM j
 ), c AS (
     INSERT INTO {s}.counts AS c (namespace, job_id, successes)
-    SELECT $1, $2, 1 FROM j WHERE NOT $11
+    SELECT $1, $2, 1 FROM j WHERE NOT $11 AND $20::boolean
     ON CONFLICT (namespace, job_id) DO UPDATE SET successes = c.successes + 1
 ), sealed AS (
     DELETE FROM {s}.seals WHERE seal = $19::bytea

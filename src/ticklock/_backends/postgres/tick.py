@@ -231,6 +231,7 @@ class Tick:
                     overdue_at(job, result.finished_at),
                     next_due(job, result),
                     cursor,
+                    job.limit is not None,
                 )
             except Exception as exc:
                 self._db.lost(exc)
@@ -249,7 +250,9 @@ class Tick:
         overdue_at: datetime | None,
         next_due: datetime | None,
         cursor: str | None,
+        counted: bool,
     ) -> None:
+        """Commit the run (``counted``: its job has a limit, which it counts toward)."""
         assert self.con is not None
         c = self._db
         row = await self._checked(
@@ -273,6 +276,7 @@ class Tick:
             result.batches,
             result.capped,
             self.seal,
+            counted,
         )
         assert row is not None  # the statement returns one row
         written, same_tx, bounded, ahead, prepared, fenced = row
