@@ -119,7 +119,14 @@ class MemoryFleet:
         self.audited.append(done)
         self._jobs[job_id] = replace(self._jobs[job_id], last_action=done)
 
-    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+    async def pause(
+        self,
+        job_id: str,
+        note: str | None = None,
+        until: datetime | None = None,
+        *,
+        who: str,
+    ) -> bool:
         job = self._known(job_id)
         changed = job.paused_at is None
         paused_at = job.paused_at or datetime.now(UTC)

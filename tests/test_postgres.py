@@ -505,6 +505,7 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
         "counts",
         "jobs",
         "outages",
+        "pauses",
         "presence",
         "replicas",
         "runs",

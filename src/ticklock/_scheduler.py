@@ -403,13 +403,22 @@ class Scheduler:
         its schedulers'. The CLI and the dashboard use the same operations."""
         return self._fleet
 
-    async def pause(self, id: str, note: str | None = None, *, who: str | None = None) -> bool:
+    async def pause(
+        self,
+        id: str,
+        note: str | None = None,
+        *,
+        who: str | None = None,
+        until: datetime | None = None,
+    ) -> bool:
         """Pause job ``id``: no scheduled run of it starts until :meth:`resume` (a run in
-        flight finishes). Fleet-wide and persisted in PostgreSQL mode. Manual runs
-        (:meth:`trigger`, :meth:`run_now`) still run. Returns whether it was not paused
-        already. The audit log keeps ``who`` (default: this process's ``user@host``), when,
-        and ``note``. Raises ``KeyError`` for an unknown id."""
-        return await self._fleet.pause(id, note, who=who)
+        flight finishes), or, with ``until`` (an aware datetime), until that instant, when
+        it resumes by itself fleet-wide (audited as resumed by ``ticklock``). Fleet-wide and
+        persisted in PostgreSQL mode. Manual runs (:meth:`trigger`, :meth:`run_now`) still
+        run. Returns whether it was not paused already. The audit log keeps ``who``
+        (default: this process's ``user@host``), when, and ``note``. Raises ``KeyError``
+        for an unknown id, ``ValueError`` for a naive ``until``."""
+        return await self._fleet.pause(id, note, until, who=who)
 
     async def resume(self, id: str, note: str | None = None, *, who: str | None = None) -> bool:
         """Undo :meth:`pause` (the next slot follows the job's ``catch_up`` rule); returns

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .._errors import SlotAlreadyCommitted
-from .._operators.fleet import Action, Fleet, Replica
+from .._operators.fleet import EXPIRED_BY, Action, Fleet, Replica, expired
 from .._operators.ledger import STALLED, Incident
 from .._runtime.clock import Clock, until
 from .._runtime.plan import fold
@@ -75,6 +75,8 @@ class MemoryDatabase:
         self.declared: dict[str, Job] = {}
         """Each job as the replica that loaded it last declared it (its spec: :mod:`._spec`)."""
         self.actions: deque[Action] = deque(maxlen=self.RECORDS)
+        self.pauses: dict[str, datetime] = {}
+        """The instant each job paused until an instant resumes by itself."""
         self.past: deque[Presence] = deque(maxlen=self.RECORDS)
         """The replicas that were live and left (or died)."""
         self.incidents: deque[Incident] = deque(maxlen=self.RECORDS)
@@ -267,6 +269,16 @@ class MemoryDatabase:
 
     # -- the records ---------------------------------------------------------------------
 
+    def expire(self, now: datetime) -> datetime | None:
+        """Resume the jobs whose pause ends by ``now``, audited; when the next one ends."""
+        for job_id, ends in sorted(self.pauses.items(), key=lambda item: item[1]):
+            if ends <= now:
+                del self.pauses[job_id]
+                state = self.states.get(job_id, NO_STATE)
+                self.steer(job_id, paused_at=None, trigger_at=state.trigger_at)
+                self.actions.append(Action(job_id, "resume", EXPIRED_BY, now, expired(ends), True))
+        return min(self.pauses.values(), default=None)
+
     def steer(
         self, job_id: str, *, paused_at: datetime | None, trigger_at: datetime | None
     ) -> None:
@@ -406,16 +418,18 @@ class MemoryCoordinator:
                 live.poked = anyio.Event()
                 live.seen_at = now = clock.now()
                 db._expire(now)
+                resumes = db.expire(now)  # pauses that ended: this replica resumes them
                 apply(db.controls())
                 if db._live.keys() == {owner}:  # alone: no work to share, no ranking to keep
                     await members({}, {})
                 else:
                     await members(*db.view())
-                stale_at = db._stale_at()
-                if stale_at is None:
+                # look again when a replica that stopped beating goes stale, or a pause ends
+                next_at = min((t for t in (db._stale_at(), resumes) if t is not None), default=None)
+                if next_at is None:
                     await live.poked.wait()
-                else:  # a replica stopped beating: look again when it goes stale
-                    wait = max(0.0, (stale_at - clock.now()).total_seconds())
+                else:
+                    wait = max(0.0, (next_at - clock.now()).total_seconds())
                     await until(live.poked, clock, clock.monotonic() + wait)
         finally:
             if db._live.get(owner) is live and owner not in db._killed:  # the dead never leave

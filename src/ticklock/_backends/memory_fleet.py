@@ -18,6 +18,7 @@ from .._operators.fleet import (
     Replica,
     RunRecord,
     SlotRecord,
+    paused_until,
     said,
     state_of,
 )
@@ -55,6 +56,7 @@ class Records(Protocol):
     incidents: deque[Incident]
     schedules: dict[str, Schedule]
     deleted: dict[str, int]
+    pauses: dict[str, datetime]
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -184,14 +186,25 @@ class MemoryFleet:
         """The live replicas."""
         return self._db.replicas()
 
-    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
-        """Pause the job for every replica of this database."""
+    async def pause(
+        self,
+        job_id: str,
+        note: str | None = None,
+        until: datetime | None = None,
+        *,
+        who: str,
+    ) -> bool:
+        """Pause the job for every replica of this database (until ``until``, if given)."""
         note, who = said(note, who)
         state = self._state(job_id)
         changed = state.paused_at is None
         paused_at = state.paused_at or self._clock.now()
+        if until is None:
+            self._db.pauses.pop(job_id, None)
+        else:
+            self._db.pauses[job_id] = until
         self._db.steer(job_id, paused_at=paused_at, trigger_at=state.trigger_at)
-        self._audit(job_id, "pause", note, who, changed)
+        self._audit(job_id, "pause", paused_until(note, until), who, changed)
         return changed
 
     async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
@@ -199,6 +212,7 @@ class MemoryFleet:
         note, who = said(note, who)
         state = self._state(job_id)
         changed = state.paused_at is not None
+        self._db.pauses.pop(job_id, None)
         self._db.steer(job_id, paused_at=None, trigger_at=state.trigger_at)
         self._audit(job_id, "resume", note, who, changed)
         return changed

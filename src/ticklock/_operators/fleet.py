@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from .._errors import ScheduleError
 from .._schedule.stored import Schedule
-from .._schedule.validate import hidden
+from .._schedule.validate import hidden, instant
 
 
 class JobState(str, enum.Enum):
@@ -239,6 +240,33 @@ BUILTIN = "ticklock."
 
 NOTE_LIMIT = 500
 """The most characters of an operation's note (and of ``who``)."""
+
+
+EXPIRED_BY = "ticklock"
+"""Who the audit log names for a pause that expired."""
+
+
+def pause_end(until: object) -> datetime | None:
+    """``until`` of a pause, checked: ``None``, or an aware datetime (``ValueError``)."""
+    if until is None:
+        return None
+    try:
+        return instant(until, "until")
+    except ScheduleError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def paused_until(note: str | None, until: datetime | None) -> str | None:
+    """The audit note of a pause: ``note``, and the instant it resumes by itself."""
+    if until is None:
+        return note
+    when = f"until {iso(until)}"
+    return when if note is None else f"{note} ({when})"
+
+
+def expired(until: datetime) -> str:
+    """The audit note of a pause that expired."""
+    return f"the pause until {iso(until)} expired"
 
 
 def checked(text: str | None, name: str) -> str | None:
@@ -459,9 +487,18 @@ class Fleet(Protocol):
         """The live replicas, by owner."""
         ...
 
-    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
+    async def pause(
+        self,
+        job_id: str,
+        note: str | None = None,
+        until: datetime | None = None,
+        *,
+        who: str,
+    ) -> bool:
         """Stop starting scheduled runs of the job (a run in flight finishes); whether it
-        was not paused before. Audited with ``who`` and ``note``."""
+        was not paused before. Audited with ``who`` and ``note``. ``until``: the instant it
+        resumes by itself, fleet-wide (audited as resumed by ``ticklock``); ``None``: until
+        :meth:`resume` (a pause already in force loses its ``until``)."""
         ...
 
     async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:

@@ -17,7 +17,16 @@ from typing import Any
 
 from .._backends.seam import Session, Views
 from .._schedule.stored import ScheduleStore
-from .fleet import Action, Fleet, JobRecord, Replica, RunRecord, SlotRecord, caller
+from .fleet import (
+    Action,
+    Fleet,
+    JobRecord,
+    Replica,
+    RunRecord,
+    SlotRecord,
+    caller,
+    pause_end,
+)
 from .ledger import LIMIT
 
 
@@ -61,10 +70,19 @@ class SchedulerFleet:
         """The live replicas."""
         return await self._fleet().replicas()
 
-    async def pause(self, job_id: str, note: str | None = None, *, who: str | None = None) -> bool:
+    async def pause(
+        self,
+        job_id: str,
+        note: str | None = None,
+        until: datetime | None = None,
+        *,
+        who: str | None = None,
+    ) -> bool:
         """Pause the job (fleet-wide); whether it was not paused already. Audited: ``who``
-        (default: this process's ``user@host``) and ``note``."""
-        changed = await self._fleet().pause(job_id, note, who=who or caller())
+        (default: this process's ``user@host``) and ``note``. ``until``: an aware datetime
+        at which it resumes by itself, fleet-wide, audited as resumed by ``ticklock``."""
+        until = pause_end(until)
+        changed = await self._fleet().pause(job_id, note, until, who=who or caller())
         self._session().poke()
         return changed
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from ..._errors import DatabaseUnavailable
+from ..._operators.fleet import EXPIRED_BY, expired
 from ..._runtime.clock import Clock
 from ..._runtime.sharing import LIVE, Member
 from ..seam import Control, Declared, Watcher
@@ -121,6 +122,7 @@ class Watch:
         self._wake: anyio.CancelScope | None = None
         self._woken = False
         self._soon: float | None = None  # a beat due before the regular one (monotonic)
+        self._pause_ends: float | None = None  # when the next pause ends (monotonic)
         self._written = payload(coordinator.schema, coordinator.namespace, "schedules")
         self._heard: deque[float] = deque()  # when the last notifications came (monotonic)
         self._heard_writes: deque[float] = deque()  # the same, of schedules' writes
@@ -156,6 +158,8 @@ class Watch:
                 due = last + (BEAT_SLOW if slow else BEAT_FAST)
                 if self._soon is not None:
                     due = min(due, self._soon)
+                if self._pause_ends is not None:  # that pause ends: resume it then
+                    due = min(due, max(self._pause_ends, last + MIN_GAP))
                 with anyio.CancelScope() as scope:
                     self._wake = scope
                     await clock.sleep_until(due)
@@ -197,6 +201,7 @@ class Watch:
         """One beat's statements; what this replica kept for the ledger goes with it."""
         c = self._coordinator
         async with c.connection() as conn:
+            await self._end_pauses(conn)
             asked, when = time.monotonic(), self._clock.now()
             row = await conn.fetchrow(
                 c.sql.beat,
@@ -219,6 +224,26 @@ class Watch:
             others = await self._view(conn, row["owners"] or [], row["declared"] or [])
             await c.record_outages(conn)
         return row, others
+
+    async def _end_pauses(self, conn: asyncpg.Connection[Any]) -> None:
+        """Resume the jobs whose pause ended, audited as resumed by ``ticklock``: once
+        fleet-wide (the replica whose statement takes a pause's row resumes it), before the
+        beat reads what operators asked; and beat again when the next pause ends."""
+        c = self._coordinator
+        async with conn.transaction():
+            ended = await conn.fetch(c.sql.pauses_ended, c.namespace)
+            for job_id, until in ended:
+                await conn.execute(c.sql.resume, c.namespace, job_id)
+                note = expired(until)
+                await conn.execute(
+                    c.sql.audit, c.namespace, job_id, "resume", EXPIRED_BY, note, True
+                )
+            if ended:  # every replica hears of it at once
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+            left = await conn.fetchval(c.sql.next_pause_end, c.namespace)
+        self._pause_ends = (
+            None if left is None else self._clock.monotonic() + max(0.0, left.total_seconds())
+        )
 
     async def _took(
         self,

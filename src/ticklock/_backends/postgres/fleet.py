@@ -23,6 +23,7 @@ from ..._operators.fleet import (
     Replica,
     RunRecord,
     SlotRecord,
+    paused_until,
     said,
     state_of,
 )
@@ -45,6 +46,7 @@ from .control import CHANNEL, payload
 from .ledger import LedgerReader
 from .schedules import Acquire, PostgresSchedules
 from .schema import quote
+from .sql import audit, resume
 
 if TYPE_CHECKING:
     import asyncpg
@@ -156,19 +158,18 @@ ORDER BY job_id"""
         where = "WHERE namespace = $1 AND job_id = $2"
         self._current = f"SELECT paused_at, trigger_at FROM {s}.jobs {where} FOR UPDATE"
         self._pause = f"UPDATE {s}.jobs SET paused_at = coalesce(paused_at, now()) {where}"
-        # the time spent paused does not count toward overdue
-        self._resume = (
-            f"UPDATE {s}.jobs SET paused_at = NULL, overdue_at = CASE WHEN "
-            f"paused_at IS NULL THEN overdue_at ELSE overdue_at + (now() - paused_at) END {where}"
-        )
+        self._resume = resume(s)
         self._trigger = (
             f"UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) {where} "
             "RETURNING trigger_at"
         )
-        self._audit = (
-            f"INSERT INTO {s}.audit (namespace, job_id, action, who, note, changed) "
-            "VALUES ($1, $2, $3, $4, $5, $6)"
+        # the instant a pause ends by itself (NULL: none; .control resumes it then)
+        self._until = (
+            f"INSERT INTO {s}.pauses (namespace, job_id, until) VALUES ($1, $2, $3) "
+            "ON CONFLICT (namespace, job_id) DO UPDATE SET until = EXCLUDED.until"
         )
+        self._forever = f"DELETE FROM {s}.pauses WHERE namespace = $1 AND job_id = $2"
+        self._audit = audit(s)
         self._actions = (
             f"SELECT job_id, action, who, at, note, changed FROM {s}.audit "
             "WHERE namespace = $1 AND ($2::text IS NULL OR job_id = $2) "
@@ -312,10 +313,17 @@ ORDER BY job_id"""
             for row in rows
         ]
 
-    async def pause(self, job_id: str, note: str | None = None, *, who: str) -> bool:
-        """Pause the job fleet-wide (a pause already in force keeps its instant); whether
-        it was not paused. Audited."""
-        return await self._steer(self._pause, "pause", job_id, note, who)
+    async def pause(
+        self,
+        job_id: str,
+        note: str | None = None,
+        until: datetime | None = None,
+        *,
+        who: str,
+    ) -> bool:
+        """Pause the job fleet-wide (a pause already in force keeps its instant), until
+        ``until`` if given; whether it was not paused. Audited."""
+        return await self._steer(self._pause, "pause", job_id, note, who, until)
 
     async def resume(self, job_id: str, note: str | None = None, *, who: str) -> bool:
         """Resume the job fleet-wide; whether it was paused. Audited."""
@@ -388,9 +396,16 @@ ORDER BY job_id"""
         return tuple(row)
 
     async def _steer(
-        self, statement: str, action: str, job_id: str, note: str | None, who: str
+        self,
+        statement: str,
+        action: str,
+        job_id: str,
+        note: str | None,
+        who: str,
+        until: datetime | None = None,
     ) -> bool:
-        """Pause or resume, audited, and tell the replicas; whether it changed anything."""
+        """Pause (until ``until``, if given) or resume, audited, and tell the replicas;
+        whether it changed anything."""
         note, who = said(note, who)
         self._storable(job_id)
         async with self._acquire() as conn, conn.transaction():
@@ -399,6 +414,11 @@ ORDER BY job_id"""
                 raise self._unknown(job_id)
             changed = (before["paused_at"] is None) == (action == "pause")
             await conn.execute(statement, self.namespace, job_id)
+            if until is None:
+                await conn.execute(self._forever, self.namespace, job_id)
+            else:
+                await conn.execute(self._until, self.namespace, job_id, until)
+            note = paused_until(note, until)
             await conn.execute(self._audit, self.namespace, job_id, action, who, note, changed)
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
         return changed

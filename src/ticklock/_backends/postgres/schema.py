@@ -38,6 +38,7 @@ _TABLES = (
     "seals",
     "schedule_log",
     "counts",
+    "pauses",
 )
 _MIGRATION_LOCK = "ticklock.migrate"
 LOCK_TIMEOUT_MS = 200
@@ -200,6 +201,14 @@ CREATE TABLE IF NOT EXISTS {s}.counts (
     successes bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, job_id)
 );""",
+        # the instant each job paused until an instant resumes by itself (see .control)
+        "pauses": f"""
+CREATE TABLE IF NOT EXISTS {s}.pauses (
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (namespace, job_id)
+);""",
         "seals": f"""
 CREATE TABLE IF NOT EXISTS {s}.seals (seal bytea PRIMARY KEY);
 CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql
@@ -267,7 +276,8 @@ def upgrades(schema: str) -> dict[int, str]:
         "WHERE spec ? 'task'; "
         f"CREATE INDEX IF NOT EXISTS jobs_tenant ON {s}.jobs "
         "(namespace, (spec->>'tenant'), job_id) WHERE spec ? 'task'",
-        # a job's limit: the counts table comes with migration() (no DDL on a table a run holds)
+        # a job's limit and a pause until an instant: the counts and pauses tables come with
+        # migration() (no DDL on a table a run holds)
         10: "",
     }
 

@@ -39,10 +39,29 @@ class Statements:
             f"FROM (SELECT) AS tick LEFT JOIN {s}.jobs AS j "
             "ON j.namespace = $1 AND j.job_id = $2"
         )
+        # the pauses that ended by now, taken (their resume follows in the same transaction),
+        # and when the next one ends
+        self.pauses_ended = (
+            f"DELETE FROM {s}.pauses WHERE namespace = $1 AND until <= now() "
+            "RETURNING job_id, until"
+        )
+        self.next_pause_end = f"SELECT min(until) - now() FROM {s}.pauses WHERE namespace = $1"
+        self.resume = resume(s)
+        self.audit = audit(s)
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
         tables = ", ".join(
             f"'{s}.{t}'"
-            for t in ("jobs", "runs", "replicas", "presence", "outages", "audit", "seals", "counts")
+            for t in (
+                "jobs",
+                "runs",
+                "replicas",
+                "presence",
+                "outages",
+                "audit",
+                "seals",
+                "counts",
+                "pauses",
+            )
         )
         self.ungranted = f"""
 SELECT array_agg(what ORDER BY what) FROM (
@@ -315,6 +334,24 @@ WITH j AS (
 INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner, error,
     manual, batches)
 VALUES ($1, $2, $3, $5, $4, $6, $7, $8, $9, $13)"""
+
+
+def resume(s: str) -> str:
+    """Resume job ``$2`` of namespace ``$1`` (the time it spent paused does not count toward
+    overdue): an operator's resume, and a pause's end (``s``: the quoted schema)."""
+    return (
+        f"UPDATE {s}.jobs SET paused_at = NULL, overdue_at = CASE WHEN paused_at IS NULL "
+        "THEN overdue_at ELSE overdue_at + (now() - paused_at) END "
+        "WHERE namespace = $1 AND job_id = $2"
+    )
+
+
+def audit(s: str) -> str:
+    """Record an operation on job ``$2`` of namespace ``$1`` in the audit log."""
+    return (
+        f"INSERT INTO {s}.audit (namespace, job_id, action, who, note, changed) "
+        "VALUES ($1, $2, $3, $4, $5, $6)"
+    )
 
 
 def _qualified(column: str) -> str:

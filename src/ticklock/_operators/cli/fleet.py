@@ -18,8 +18,10 @@ from ..fleet import (
     caller,
     checked,
     done,
+    iso,
     jobs_json,
     json_text,
+    pause_end,
     runs_json,
 )
 from .app import label
@@ -170,18 +172,33 @@ async def history(args: argparse.Namespace) -> int:
 
 
 async def pause(args: argparse.Namespace) -> int:
-    """Pause a job fleet-wide."""
+    """Pause a job fleet-wide (until ``--until``, if given)."""
     note = _note(args)
+    until = _until(args)
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.pause(args.job, note, who=_who())
+            changed = await fleet.pause(args.job, note, until, who=_who())
         except KeyError as exc:
             return refused(exc)
+    then = "" if until is None else f" until {iso(until)}, when it resumes by itself"
     if not changed:
-        print(f"ticklock: {args.job!r} was paused already: nothing changed (the note is logged)")
+        print(
+            f"ticklock: {args.job!r} was paused already: nothing changed but its end"
+            f"{then or ' (none now)'} (the note is logged)"
+        )
         return EXIT_OK
-    print(f"ticklock: paused {args.job!r}: no replica starts a scheduled run of it from now on")
+    print(f"ticklock: paused {args.job!r}: no replica starts a scheduled run of it{then}")
     return EXIT_OK
+
+
+def _until(args: argparse.Namespace) -> datetime | None:
+    """``--until``, parsed and checked before anything is asked of the database."""
+    if args.until is None:
+        return None
+    try:
+        return pause_end(datetime.fromisoformat(args.until))
+    except ValueError as exc:
+        raise CommandError(f"--until: {exc}") from None
 
 
 async def resume(args: argparse.Namespace) -> int:

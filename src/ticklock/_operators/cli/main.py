@@ -104,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
                 "--note",
                 help='why, for the audit log (e.g. "INC-42: upstream down"; default: none)',
             )
+    commands["pause"].add_argument(
+        "--until",
+        help="resume by itself at this instant, ISO 8601 with its offset "
+        "(e.g. 2026-12-24T08:00+01:00; default: until resumed)",
+    )
     commands["run"].add_argument(
         "target", help="MODULE:ATTR naming a ticklock.Scheduler, e.g. app.jobs:scheduler"
     )
