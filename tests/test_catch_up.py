@@ -95,3 +95,39 @@ def test_a_bad_catch_up_is_refused_naming_job_and_field(value: object, message: 
     with pytest.raises(ScheduleError) as caught:
         Scheduler().add(report, every(60), id="report", catch_up=value)  # type: ignore[arg-type]
     assert str(caught.value) == f"job 'report': {message}" and caught.value.field == "catch_up"
+
+
+async def test_a_retried_catch_up_run_covers_what_its_first_attempt_would_have() -> None:
+    # back at 05:30 with catch_up=1.5 h: one run covers 04:00 and 05:00; its first attempt
+    # fails and its retry commits 10 s later: 04:00 is covered, measured from the first
+    clock, db = ManualClock(T0 - timedelta(seconds=1)), MemoryDatabase()
+    calls: list[tuple[float, int]] = []
+
+    def replica() -> Scheduler:
+        scheduler = Scheduler(clock=clock, database=db, owner="a")
+
+        async def report(ctx: JobContext) -> None:
+            calls.append(((ctx.slot - T0) / timedelta(minutes=1), ctx.attempt))
+            if len(calls) == 2:
+                raise RuntimeError("once")
+
+        scheduler.add(
+            report,
+            cron("0 * * * *"),
+            id="report",
+            timeout=5,
+            retries=1,
+            retry_backoff=10,
+            catch_up=1.5 * 3600,
+        )
+        return scheduler
+
+    async with replica():
+        await clock.advance(1)
+    await clock.advance(5.5 * 3600)
+    async with (scheduler := replica()):
+        await clock.advance(600)
+        ledger = await scheduler.fleet.slots("report", T0, clock.now())
+    fates = {(s.slot - T0) / timedelta(minutes=1): s.fate for s in ledger}
+    assert calls[1:3] == [(300, 1), (300, 2)]
+    assert fates[240] is Fate.COVERED and fates[180] is Fate.SKIPPED

@@ -100,3 +100,51 @@ async def test_three_replica_processes_commit_the_limit_and_not_one_run_more(
     assert len(rows) == 5 and len({r["slot"] for r in rows}) == 5, rows
     assert successes == 5
     assert declared_here == []  # the watcher declares no job of its own
+
+
+@pytest.mark.postgres
+async def test_a_forgotten_job_declared_again_runs_its_limit_again(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    ran: list[str] = []
+
+    async def work(ctx: JobContext) -> None:
+        ran.append(ctx.owner)
+
+    def replica() -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="a", shutdown_grace=1)
+        scheduler.add(work, every(0.2), id="w", timeout=0.15, limit=2, overdue_grace=60)
+        return scheduler
+
+    async with replica():
+        await anyio.sleep(1.5)
+    first = len(ran)
+    async with Scheduler(pg_dsn, schema=pg_schema, owner="ops", shutdown_grace=1) as ops:
+        await ops.fleet.forget("w", who="ops")  # its state, history and count
+    async with replica():
+        await anyio.sleep(1.5)
+    assert (first, len(ran) - first) == (2, 2)
+
+
+@pytest.mark.postgres
+async def test_the_ledger_of_a_completed_job_says_so_whatever_window_is_asked(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="a", shutdown_grace=1)
+
+    async def work(ctx: JobContext) -> None:
+        pass
+
+    scheduler.add(work, every(0.5), id="w", timeout=0.4, limit=3, overdue_grace=0)
+    async with scheduler:
+        t0 = await pg_conn.fetchval("SELECT now()")
+        await anyio.sleep(4)
+        now = await pg_conn.fetchval("SELECT now()")
+        full = await scheduler.fleet.slots("w", t0 - timedelta(seconds=1), now)
+        third = [s.slot for s in full if s.fate is Fate.RAN][2]
+        late = await scheduler.fleet.slots("w", third + timedelta(seconds=1), now)
+    after = [s for s in full if s.slot > third and s.fate is not Fate.PENDING]
+    assert after and {(s.fate, s.reason) for s in after} == {(Fate.SKIPPED, "limit reached")}
+    # asked from after the job completed: its runs are not in the window, its count is
+    shown = {(s.fate, s.reason) for s in late if s.fate is not Fate.PENDING}
+    assert shown == {(Fate.SKIPPED, "limit reached")}

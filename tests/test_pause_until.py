@@ -119,3 +119,68 @@ async def test_replica_processes_resume_a_job_paused_from_the_cli_until_an_insta
     assert [(r["who"], r["note"]) for r in resumes] == [("ticklock", expected)]  # once
     bad = await ops.cli("pause", "steady", "--until", "2026-12-24T08:00")
     assert bad.code == 2 and "--until: until must be an aware datetime" in bad.err, bad
+
+
+@pytest.mark.postgres
+async def test_a_heartbeat_ending_a_pause_and_an_operator_changing_it_take_turns(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # both take the job's row first, then the pause's: they queue, never deadlock
+    import asyncpg
+
+    from ticklock._backends.postgres.fleet import PostgresFleet, from_connection
+    from ticklock._backends.postgres.schema import migrate
+    from ticklock._backends.postgres.sql import Statements
+
+    s = pg_schema
+    await migrate(pg_conn, s)
+    await pg_conn.execute(
+        f"INSERT INTO {s}.jobs (namespace, job_id, paused_at) VALUES ('default', 'j', now())"
+    )
+    await pg_conn.execute(f"INSERT INTO {s}.pauses VALUES ('default', 'j', now() - interval '1 s')")
+    sql = Statements(s)
+    beat, op = await asyncpg.connect(pg_dsn), await asyncpg.connect(pg_dsn)
+    fleet = PostgresFleet(from_connection(op), schema=s, namespace="default")
+    errors: list[BaseException] = []
+    try:
+        tx = beat.transaction()  # the heartbeat's transaction, step by step
+        await tx.start()
+        [(job_id,)] = await beat.fetch(sql.pauses_ending, "default")
+        await beat.execute(sql.lock_job, "default", job_id)
+
+        async def operator() -> None:
+            now = await pg_conn.fetchval("SELECT now()")
+            try:
+                await fleet.pause("j", "longer", now + timedelta(hours=1), who="ops")
+            except Exception as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(operator)
+            await anyio.sleep(0.3)  # the operator waits for the job's row
+            assert await beat.fetchval(sql.pause_ended, "default", job_id) is not None
+            await beat.execute(sql.resume, "default", job_id)
+            await tx.commit()
+    finally:
+        await beat.close()
+        await op.close()
+    assert errors == []
+    row = await pg_conn.fetchrow(
+        f"SELECT j.paused_at, p.until FROM {s}.jobs j JOIN {s}.pauses p USING (namespace, job_id)"
+    )
+    assert row["paused_at"] is not None and row["until"] is not None  # the operator's, after
+
+
+async def test_forget_takes_a_pause_end_with_it_in_memory() -> None:
+    clock, db = ManualClock(T0), MemoryDatabase()
+    first = Scheduler(clock=clock, database=db, owner="a")
+    first.add(_noop, every(60), id="gone", timeout=5)
+    async with first:
+        await first.pause("gone", who="ops", until=T0 + timedelta(minutes=5))
+    other = Scheduler(clock=clock, database=db, owner="b")
+    async with other:
+        await other.fleet.forget("gone", who="ops")
+        await clock.advance(600)
+        ids = [j.job_id for j in await other.fleet.jobs()]
+        actions = [a.action for a in await other.fleet.audit("gone")]
+    assert "gone" not in ids and actions == ["forget", "pause"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -287,3 +288,27 @@ async def test_a_sleeping_job_woken_again_and_again_keeps_one_place() -> None:
             await clock.advance(LOOK)
         places = sum(len(ids) for ids in scheduler._roster._asleep.values())
     assert places <= 1
+
+
+@pytest.mark.parametrize("option", ["limit", "end"])
+async def test_a_finished_job_is_a_row_again_after_a_pause_and_a_resume(option: str) -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    finished: dict[str, Any] = (
+        {"limit": 2} if option == "limit" else {"end": T0 + timedelta(seconds=90)}
+    )
+
+    @scheduler.job(every(60), id="w", timeout=5, **finished)
+    async def w(ctx: JobContext) -> None:
+        pass
+
+    held = []
+    async with scheduler:
+        for step in ("run", "pause", "resume"):
+            if step == "pause":
+                await scheduler.pause("w", who="ops")
+            elif step == "resume":
+                await scheduler.resume("w", who="ops")
+            await clock.advance(300)
+            held.append("w" in scheduler._roster.cycles)
+    assert held == [False, True, False]  # a paused job is held: it must hear of its resume

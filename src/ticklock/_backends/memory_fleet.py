@@ -239,6 +239,7 @@ class MemoryFleet:
         if state is None and runs is None:
             raise KeyError(f"no job {job_id!r}")
         db.declared.pop(job_id, None)
+        db.pauses.pop(job_id, None)
         self._audit(job_id, "forget", note, who, True)
 
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
@@ -283,6 +284,7 @@ class MemoryFleet:
             declared_since=declared_since,
             complete_since=min(r.slot for r in kept if r.slot) if full and kept else None,
             task=task,
+            successes=(db.states.get(job_id) or FleetState()).successes,
         )
         return await anyio.to_thread.run_sync(account, spec, records, since, until, now, limit)
 

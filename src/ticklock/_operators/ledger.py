@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from .._schedule.spec import Spec
 from .._schedule.triggers import Cron, Every
@@ -170,6 +170,8 @@ class Records:
     history that keeps only so many): the ledger begins there."""
     task: str | None = None
     """A stored schedule's task: the replicas that had it declared the schedule."""
+    successes: int = 0
+    """Its scheduled runs that committed, as its ``limit`` counts them."""
 
 
 def account(
@@ -196,7 +198,7 @@ def account(
     jitter = timedelta(seconds=spec.trigger.jitter)
     grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + jitter + TOLERANCE
     on_time = timedelta(seconds=spec.overdue_grace) + jitter
-    done = _completed_at(spec, runs)
+    done = _completed_at(spec, runs, records.successes)
     ledger = []
     for slot in slots:
         attempts = own.get(slot)
@@ -215,7 +217,7 @@ def account(
         later = _covering(slot, successes, starts)
         fate, reason, explains = facts.cause(slot)
         if later is not None and (
-            later.manual or _slot(later) < slot or _reaches(spec, slot, later)
+            later.manual or _slot(later) < slot or _reaches(spec, slot, later, own)
         ):
             lateness = later.started_at - slot
             ledger.append(SlotRecord(slot, Fate.COVERED, reason, later, lateness))
@@ -233,21 +235,27 @@ def account(
     return ledger
 
 
-def _completed_at(spec: Spec, runs: list[RunRecord]) -> datetime | None:
-    """The slot of the scheduled success that reached the job's ``limit``, as far back as the
-    records reach (``None``: no limit, or not reached)."""
-    if spec.limit is None:
+def _completed_at(spec: Spec, runs: list[RunRecord], successes: int) -> datetime | None:
+    """The slot of the scheduled success that reached the job's ``limit`` (``None``: no
+    limit, or not reached): the last of those the records hold once the count reached it
+    (``datetime.min`` when none is left: it completed before them)."""
+    if spec.limit is None or successes < spec.limit:
         return None
     committed = [_slot(r) for r in runs if r.outcome == "success" and not r.manual]
-    return committed[spec.limit - 1] if len(committed) >= spec.limit else None
+    return committed[-1] if committed else datetime.min.replace(tzinfo=timezone.utc)
 
 
-def _reaches(spec: Spec, slot: datetime, later: RunRecord) -> bool:
+def _reaches(
+    spec: Spec, slot: datetime, later: RunRecord, own: dict[datetime, list[RunRecord]]
+) -> bool:
     """Whether the ``catch_up`` rule let ``later`` cover ``slot``: always (``True``), never
-    (``False``), or when the slot lies within the duration before that run's start."""
+    (``False``), or when the slot lies within the duration before the start of the first
+    attempt of ``later``'s slot (when the replica planned it; its jitter aside)."""
     if isinstance(spec.catch_up, bool):
         return spec.catch_up
-    return slot >= later.started_at - timedelta(seconds=spec.catch_up) - TOLERANCE
+    planned = min(r.started_at for r in own.get(_slot(later), [later]))
+    reach = timedelta(seconds=spec.catch_up + spec.trigger.jitter) + TOLERANCE
+    return slot >= planned - reach
 
 
 def _slot(run: RunRecord) -> datetime:

@@ -192,9 +192,11 @@ class Roster:
         window ended, their limit reached); build those of the sleeping jobs whose slots come
         within it."""
         for cycle in list(self.cycles.values()):
-            if not self._quiet(cycle):
+            # a job that waits for nothing is never overdue: its pause credit is moot
+            done = not cycle.job.enabled or self._over(cycle.job, cycle.state, None)
+            if not self._quiet(cycle, credited=not done):
                 continue
-            if not cycle.job.enabled or self._over(cycle.job, cycle.state, None):
+            if done:
                 self._drop(cycle, None)
             elif (key := self._at_rest(cycle)) is not None and key[1] > self._limit(key[0]):
                 self._drop(cycle, key)
@@ -225,10 +227,10 @@ class Roster:
             return False
         return isinstance(step, Idle) or (step is None and self._resting(job, state) is None)
 
-    def _quiet(self, cycle: Cycle) -> bool:
+    def _quiet(self, cycle: Cycle, *, credited: bool = True) -> bool:
         """Whether ``cycle`` has nothing to remember but its row: no run (nor ``run_now``) or
         look out, no trigger to serve, no retry, no lock found held, no failure here, no pause
-        it must credit, not given up, no role of its own."""
+        it must credit (``credited``: its credit counts), not given up, no role of its own."""
         credit = cycle.credit
         state = cycle.state
         return not (
@@ -243,7 +245,11 @@ class Roster:
             or cycle.own_failures
             or cycle.given_up_at is not None
             or cycle.by_hand
-            or (credit != NO_CREDIT and credit[0] == (state.last_end if state else None))
+            or (
+                credited
+                and credit != NO_CREDIT
+                and credit[0] == (state.last_end if state else None)
+            )
             or (state is not None and state.paused_at is not None)
         )
 

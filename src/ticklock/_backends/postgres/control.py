@@ -231,8 +231,13 @@ class Watch:
         beat reads what operators asked; and beat again when the next pause ends."""
         c = self._coordinator
         async with conn.transaction():
-            ended = await conn.fetch(c.sql.pauses_ended, c.namespace)
-            for job_id, until in ended:
+            ended = 0
+            for (job_id,) in await conn.fetch(c.sql.pauses_ending, c.namespace):
+                await conn.execute(c.sql.lock_job, c.namespace, job_id)
+                until = await conn.fetchval(c.sql.pause_ended, c.namespace, job_id)
+                if until is None:
+                    continue  # another replica ended it, or an operator changed it
+                ended += 1
                 await conn.execute(c.sql.resume, c.namespace, job_id)
                 note = expired(until)
                 await conn.execute(

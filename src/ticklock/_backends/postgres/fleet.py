@@ -196,7 +196,9 @@ ORDER BY job_id"""
         )
         self._forget = (
             f"WITH r AS (DELETE FROM {s}.runs WHERE namespace = $1 AND job_id = $2 RETURNING 1), "
-            f"j AS (DELETE FROM {s}.jobs WHERE namespace = $1 AND job_id = $2 RETURNING 1) "
+            f"j AS (DELETE FROM {s}.jobs WHERE namespace = $1 AND job_id = $2 RETURNING 1), "
+            f"c AS (DELETE FROM {s}.counts WHERE namespace = $1 AND job_id = $2), "
+            f"p AS (DELETE FROM {s}.pauses WHERE namespace = $1 AND job_id = $2) "
             "SELECT (SELECT count(*) FROM j) + (SELECT count(*) FROM r)"
         )
 

@@ -56,7 +56,11 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot < $3
     ORDER BY finished_at DESC LIMIT 1) AS before)
 UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
     ORDER BY finished_at LIMIT 1) AS after)"""
-        self._job = f"SELECT now(), spec::text, paused_at FROM {s}.jobs {where}"
+        self._job = (
+            "SELECT now(), spec::text, paused_at, "
+            f"coalesce((SELECT c.successes FROM {s}.counts AS c {where}), 0) AS successes "
+            f"FROM {s}.jobs {where}"
+        )
         # a stored schedule's ($5: its task) are the replicas that had its task
         declared = "($2 = ANY(jobs) OR $2 = ANY(disabled) OR $5 = ANY(tasks))"
         self._presence = (
@@ -131,6 +135,7 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
                 if r["kind"] != UNREACHABLE
             ],
             paused_at=job["paused_at"],
+            successes=job["successes"],
             horizon=horizon,
             declared_since=declared_since,
             # only the latest runs were read: the ledger begins with them

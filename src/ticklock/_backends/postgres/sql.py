@@ -41,9 +41,15 @@ class Statements:
         )
         # the pauses that ended by now, taken (their resume follows in the same transaction),
         # and when the next one ends
-        self.pauses_ended = (
-            f"DELETE FROM {s}.pauses WHERE namespace = $1 AND until <= now() "
-            "RETURNING job_id, until"
+        self.pauses_ending = (
+            f"SELECT job_id FROM {s}.pauses WHERE namespace = $1 AND until <= now() ORDER BY job_id"
+        )
+        # one of them: the job's row locked first, then the pause's (an operator's pause or
+        # resume takes them in that order too), which another replica may have taken
+        self.lock_job = f"SELECT FROM {s}.jobs WHERE namespace = $1 AND job_id = $2 FOR UPDATE"
+        self.pause_ended = (
+            f"DELETE FROM {s}.pauses WHERE namespace = $1 AND job_id = $2 AND until <= now() "
+            "RETURNING until"
         )
         self.next_pause_end = f"SELECT min(until) - now() FROM {s}.pauses WHERE namespace = $1"
         self.resume = resume(s)
