@@ -167,7 +167,7 @@ async def measure(dsn: str, ticks: int) -> list[dict[str, Any]]:
     Dispatcher.set = set_  # type: ignore[method-assign]
     async with scheduler:
         await asyncio.sleep(1.5)  # a few runs first: the pool and statements are warm
-        cycle = walk.timer = scheduler._cycles[JOB]
+        cycle = walk.timer = scheduler._roster.cycles[JOB]
         walk.tasks = {DISPATCHER, f"ticklock.run {JOB}"}
         sys.setprofile(walk.hook)
         try:
