@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ticklock import JobContext, Scheduler, every
+from ticklock import JobContext, Scheduler, cron, every
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -154,6 +154,17 @@ if SCENARIO == "secret":
         if os.environ.get("OPS_FAIL"):
             raise RuntimeError("the secret is missing on this host")
         await log(ctx)
+
+
+if SCENARIO.startswith("immediately-"):
+    # a daily report declared immediately, its hour by release: ``immediately-9``, ...
+    scheduler.add(
+        logged,
+        cron(f"0 {SCENARIO.split('-')[1]} * * *"),
+        id="report",
+        immediately=True,
+        overdue_grace=60,
+    )
 
 
 if SCENARIO == "limit":

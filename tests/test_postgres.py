@@ -503,6 +503,7 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
     assert [t["table_name"] for t in tables] == [
         "audit",
         "counts",
+        "firsts",
         "jobs",
         "outages",
         "pauses",

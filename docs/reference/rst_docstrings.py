@@ -34,6 +34,7 @@ JOB_OPTION_DEFAULTS = {
     "start": "None",
     "end": "None",
     "limit": "None",
+    "immediately": "False",
 }
 
 

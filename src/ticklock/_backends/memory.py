@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .._errors import SlotAlreadyCommitted
-from .._operators.fleet import EXPIRED_BY, Action, Fleet, Replica, expired
+from .._operators.fleet import BY_TICKLOCK, IMMEDIATELY, Action, Fleet, Replica, expired
 from .._operators.ledger import STALLED, Incident
 from .._runtime.clock import Clock, until
 from .._runtime.plan import fold
@@ -75,6 +75,8 @@ class MemoryDatabase:
         self.declared: dict[str, Job] = {}
         """Each job as the replica that loaded it last declared it (its spec: :mod:`._spec`)."""
         self.actions: deque[Action] = deque(maxlen=self.RECORDS)
+        self.firsts: dict[str, str] = {}
+        """The declaration (its fingerprint) each job declared ``immediately`` last ran for."""
         self.pauses: dict[str, datetime] = {}
         """The instant each job paused until an instant resumes by itself."""
         self.past: deque[Presence] = deque(maxlen=self.RECORDS)
@@ -269,6 +271,19 @@ class MemoryDatabase:
 
     # -- the records ---------------------------------------------------------------------
 
+    def immediately(self, jobs: Sequence[Job], now: datetime, *, keyed: bool = True) -> None:
+        """Ask for one run of each of ``jobs`` whose declaration is not the one a run was
+        last asked for (audited, as PostgreSQL's load does); ``keyed=False``: of each (a
+        stored schedule written new or changed)."""
+        for job in jobs:
+            declared = fingerprint(job)
+            if keyed and self.firsts.get(job.id) == declared:
+                continue  # an unchanged restart, or another replica of the same release
+            self.firsts[job.id] = declared
+            state = self.states.get(job.id, NO_STATE)
+            self.steer(job.id, paused_at=state.paused_at, trigger_at=state.trigger_at or now)
+            self.actions.append(Action(job.id, "trigger", BY_TICKLOCK, now, IMMEDIATELY, True))
+
     def expire(self, now: datetime) -> datetime | None:
         """Resume the jobs whose pause ends by ``now``, audited; when the next one ends."""
         for job_id, ends in sorted(self.pauses.items(), key=lambda item: item[1]):
@@ -276,7 +291,7 @@ class MemoryDatabase:
                 del self.pauses[job_id]
                 state = self.states.get(job_id, NO_STATE)
                 self.steer(job_id, paused_at=None, trigger_at=state.trigger_at)
-                self.actions.append(Action(job_id, "resume", EXPIRED_BY, now, expired(ends), True))
+                self.actions.append(Action(job_id, "resume", BY_TICKLOCK, now, expired(ends), True))
         return min(self.pauses.values(), default=None)
 
     def steer(
@@ -378,9 +393,11 @@ class MemoryCoordinator:
         yield MemorySession(self)
 
     async def load(self, jobs: Mapping[str, Job], now: datetime) -> dict[str, FleetState]:
-        """Keep the jobs' declarations; a copy of the fleet's states."""
+        """Keep the jobs' declarations (one declared ``immediately`` whose declaration is new
+        or changed asks for a run); a copy of the fleet's states."""
         await self.db._gate(self.owner)
         self.db.declared.update(jobs)
+        self.db.immediately([job for job in jobs.values() if job.immediately], now)
         return {i: s for i, s in self.db.states.items() if i in jobs}
 
     async def attempt(self, job_id: str, budget: float, at: datetime) -> _MemoryAttempt:

@@ -4,7 +4,7 @@ them: beside the jobs' states, with versions, an audit and a numbered log of the
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
@@ -29,6 +29,10 @@ class Records(Protocol):
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
+        ...
+
+    def immediately(self, jobs: Sequence[Job], now: datetime, *, keyed: bool = True) -> None:
+        """Ask for one run of each of ``jobs`` (see ``MemoryDatabase.immediately``)."""
         ...
 
     def changed(self) -> None:
@@ -84,6 +88,8 @@ class MemorySchedules:
         db.states[sid] = (
             FleetState(version=version) if state is None else replace(state, version=version)
         )
+        if definition.job.immediately:  # new or changed: one run at once
+            db.immediately([replace(definition.job, id=sid)], now, keyed=False)
         self._written(sid, "put", who, note)
         return schedule
 

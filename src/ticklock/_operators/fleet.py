@@ -242,8 +242,9 @@ NOTE_LIMIT = 500
 """The most characters of an operation's note (and of ``who``)."""
 
 
-EXPIRED_BY = "ticklock"
-"""Who the audit log names for a pause that expired."""
+BY_TICKLOCK = "ticklock"
+"""Who the audit log names for what ticklock did by itself: a pause that expired, a run a job
+declared ``immediately`` asks for."""
 
 
 def pause_end(until: object) -> datetime | None:
@@ -262,6 +263,10 @@ def paused_until(note: str | None, until: datetime | None) -> str | None:
         return note
     when = f"until {iso(until)}"
     return when if note is None else f"{note} ({when})"
+
+
+IMMEDIATELY = "immediately: its declaration is new or changed"
+"""The audit note of the trigger request a job declared with ``immediately=True`` makes."""
 
 
 def expired(until: datetime) -> str:

@@ -217,6 +217,9 @@ class JobOptions(TypedDict, total=False):
     limit: int | None
     """How many scheduled runs may commit, fleet-wide; then the job is ``completed``, never
     overdue (default ``None``: no limit)."""
+    immediately: bool
+    """One run at once, fleet-wide, when the declaration is new or changed; never on an
+    unchanged restart, a replica joining or a failover (default ``False``)."""
 
 
 _OPTIONS = frozenset(JobOptions.__annotations__)
@@ -245,6 +248,8 @@ class Job:
     """No slot after it (inclusive): the job has then ended."""
     limit: int | None = None
     """How many scheduled runs may commit, fleet-wide: the job has then completed."""
+    immediately: bool = False
+    """One run at once when the declaration is new or changed (keyed to its fingerprint)."""
     task: str | None = None
     """The task of a stored schedule (``None``: a job declared in code)."""
     args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
@@ -325,8 +330,10 @@ class Job:
             grace = min(max(period * 0.1, 1.0), 300.0)
         else:
             grace = seconds(overdue_grace, "overdue_grace", job_id=job_id)
-        if not isinstance(enabled, bool):
-            raise error("enabled", f"enabled must be True or False, got {enabled!r}")
+        immediately = options.get("immediately", False)
+        for flag, value in (("enabled", enabled), ("immediately", immediately)):
+            if not isinstance(value, bool):
+                raise error(flag, f"{flag} must be True or False, got {value!r}")
         if not isinstance(catch_up, bool):
             if not isinstance(catch_up, (int, float, timedelta)):
                 message = f"catch_up must be True, False or a duration, got {catch_up!r}"
@@ -375,6 +382,7 @@ class Job:
             start=start,
             end=end,
             limit=limit_runs,
+            immediately=immediately,
         )
 
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from ..._errors import DatabaseUnavailable
-from ..._operators.fleet import EXPIRED_BY, expired
+from ..._operators.fleet import BY_TICKLOCK, expired
 from ..._runtime.clock import Clock
 from ..._runtime.sharing import LIVE, Member
 from ..seam import Control, Declared, Watcher
@@ -241,7 +241,7 @@ class Watch:
                 await conn.execute(c.sql.resume, c.namespace, job_id)
                 note = expired(until)
                 await conn.execute(
-                    c.sql.audit, c.namespace, job_id, "resume", EXPIRED_BY, note, True
+                    c.sql.audit, c.namespace, job_id, "resume", BY_TICKLOCK, note, True
                 )
             if ended:  # every replica hears of it at once
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)

@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import anyio
 
 from ..._errors import ClockAhead, SchedulerStateError
-from ..._operators.fleet import Fleet
+from ..._operators.fleet import BY_TICKLOCK, IMMEDIATELY, Fleet
 from ..._runtime.clock import Clock
 from ..._runtime.plan import overdue_at
 from ..._schedule import spec as _spec
-from ..._schedule.job import Job, JobHealth, Outcome
+from ..._schedule.job import Job, JobHealth, Outcome, fingerprint
 from ..._schedule.lock_key import lock_key
 from ..seam import FUTURE_LIMIT, Diagnosis, FleetState, Watcher
 from .begin import Begun, Holder, begin, end_stale_holder
@@ -196,6 +196,20 @@ class PostgresCoordinator:
                 list(jobs),
                 [json.dumps(_spec.to_json(_spec.of(job))) for job in jobs.values()],
             )
+            fresh = [job for job in jobs.values() if job.immediately]
+            if fresh:  # replicas that start together: one at a time (as below)
+                async with conn.transaction():
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock($1)", lock_key(self.schema, _RESCHEDULE)
+                    )
+                    await conn.execute(
+                        self.db.sql.immediately,
+                        self.namespace,
+                        [job.id for job in fresh],
+                        [fingerprint(job) for job in fresh],
+                        BY_TICKLOCK,
+                        IMMEDIATELY,
+                    )
             rows = await conn.fetch(self.db.sql.load, self.namespace, list(jobs))
             states = {row["job_id"]: FleetState(*tuple(row)[2:]) for row in rows}
             # A finished run stores the instant from its own schedule; a deploy that changed

@@ -19,6 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ..._operators.fleet import BY_TICKLOCK, IMMEDIATELY
 from ..._runtime.plan import first, overdue_at
 from ..._runtime.sharing import LIVE
 from ..._schedule.lock_key import lock_key
@@ -68,6 +69,10 @@ class PostgresSchedules:
             "VALUES ($1, $2, $3::text::jsonb, $4, $5) ON CONFLICT (namespace, job_id) DO UPDATE "
             "SET spec = EXCLUDED.spec, overdue_at = EXCLUDED.overdue_at, "
             "next_due = EXCLUDED.next_due"
+        )
+        self._immediately = (
+            f"UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) "
+            "WHERE namespace = $1 AND job_id = $2"
         )
         self._bury = (
             f"UPDATE {s}.jobs SET spec = $3::text::jsonb, paused_at = NULL, trigger_at = NULL, "
@@ -139,6 +144,9 @@ class PostgresSchedules:
             nxt = first(job, state, now)
             await conn.execute(self._write, ns, sid, json.dumps(value), alarm, nxt)
             await self._written(conn, sid, "put", who, note)
+            if job.immediately:  # new or changed: one run at once, asked for with the write
+                await conn.execute(self._immediately, ns, sid)
+                await conn.execute(self._audit, ns, sid, "trigger", BY_TICKLOCK, IMMEDIATELY)
         schedule = from_json(sid, value)
         assert schedule is not None
         return schedule

@@ -39,6 +39,7 @@ _TABLES = (
     "schedule_log",
     "counts",
     "pauses",
+    "firsts",
 )
 _MIGRATION_LOCK = "ticklock.migrate"
 LOCK_TIMEOUT_MS = 200
@@ -207,6 +208,14 @@ CREATE TABLE IF NOT EXISTS {s}.pauses (
     namespace text NOT NULL,
     job_id text NOT NULL,
     until timestamptz NOT NULL,
+    PRIMARY KEY (namespace, job_id)
+);""",
+        # the declaration (its fingerprint) each job declared immediately last ran for
+        "firsts": f"""
+CREATE TABLE IF NOT EXISTS {s}.firsts (
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    fingerprint text NOT NULL,
     PRIMARY KEY (namespace, job_id)
 );""",
         "seals": f"""

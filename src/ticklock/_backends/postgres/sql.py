@@ -54,6 +54,20 @@ class Statements:
         self.next_pause_end = f"SELECT min(until) - now() FROM {s}.pauses WHERE namespace = $1"
         self.resume = resume(s)
         self.audit = audit(s)
+        # the jobs declared immediately ($2, their fingerprints $3) whose declaration is not
+        # the one a run was last asked for: a trigger request each, audited ($4: who, $5: why)
+        self.immediately = f"""
+WITH v AS (SELECT * FROM unnest($2::text[], $3::text[]) AS v(id, fp)), new AS (
+    INSERT INTO {s}.firsts AS f (namespace, job_id, fingerprint) SELECT $1, id, fp FROM v
+    ON CONFLICT (namespace, job_id) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
+    WHERE f.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint
+    RETURNING job_id
+), asked AS (
+    UPDATE {s}.jobs AS j SET trigger_at = coalesce(j.trigger_at, now()) FROM new
+    WHERE j.namespace = $1 AND j.job_id = new.job_id RETURNING j.job_id
+)
+INSERT INTO {s}.audit (namespace, job_id, action, who, note, changed)
+SELECT $1, job_id, 'trigger', $4, $5, true FROM asked"""
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
         tables = ", ".join(
             f"'{s}.{t}'"
@@ -67,6 +81,7 @@ class Statements:
                 "seals",
                 "counts",
                 "pauses",
+                "firsts",
             )
         )
         self.ungranted = f"""
