@@ -139,3 +139,24 @@ async def test_on_postgres_a_stored_schedule_written_new_runs_once(
         audit = [(a.action, a.who) for a in await scheduler.fleet.audit("r")]
     assert runs == ["a"]
     assert ("trigger", "ticklock") in audit
+
+
+async def test_two_releases_restarting_in_turn_run_it_once_each_not_at_every_start() -> None:
+    # a rolling deploy whose old replicas restart beside the new ones: the two declarations
+    # take turns, each already run for: no run at each start (the bug of a repeating fire)
+    clock, db = ManualClock(T0), MemoryDatabase()
+    runs: list[int] = []
+
+    def replica(hour: int) -> Scheduler:
+        scheduler = Scheduler(clock=clock, database=db, owner=f"r{hour}")
+
+        async def report(ctx: JobContext) -> None:
+            runs.append(hour)
+
+        scheduler.add(report, cron(f"0 {hour} * * *"), id="report", immediately=True)
+        return scheduler
+
+    for hour in (9, 10, 9, 10, 9, 10):
+        async with replica(hour):
+            await clock.advance(30)
+    assert runs == [9, 10]

@@ -33,7 +33,7 @@ from .._schedule.job import Job, JobHealth, RunResult, fingerprint
 from .._schedule.stored import Schedule
 from .memory_fleet import MemoryFleet, Presence
 from .memory_schedules import MemorySchedules
-from .seam import NO_STATE, Control, Declared, Diagnosis, FleetState, Watcher
+from .seam import FIRSTS, NO_STATE, Control, Declared, Diagnosis, FleetState, Watcher
 
 if TYPE_CHECKING:
     import asyncpg
@@ -75,8 +75,9 @@ class MemoryDatabase:
         self.declared: dict[str, Job] = {}
         """Each job as the replica that loaded it last declared it (its spec: :mod:`._spec`)."""
         self.actions: deque[Action] = deque(maxlen=self.RECORDS)
-        self.firsts: dict[str, str] = {}
-        """The declaration (its fingerprint) each job declared ``immediately`` last ran for."""
+        self.firsts: dict[str, list[str]] = {}
+        """The declarations (fingerprints, the latest first) each job declared
+        ``immediately`` ran for."""
         self.pauses: dict[str, datetime] = {}
         """The instant each job paused until an instant resumes by itself."""
         self.past: deque[Presence] = deque(maxlen=self.RECORDS)
@@ -277,9 +278,11 @@ class MemoryDatabase:
         stored schedule written new or changed)."""
         for job in jobs:
             declared = fingerprint(job)
-            if keyed and self.firsts.get(job.id) == declared:
-                continue  # an unchanged restart, or another replica of the same release
-            self.firsts[job.id] = declared
+            known = self.firsts.setdefault(job.id, [])
+            if keyed and declared in known:
+                continue  # an unchanged restart, a replica joining, or a release beside
+            known.insert(0, declared)
+            del known[FIRSTS:]
             state = self.states.get(job.id, NO_STATE)
             self.steer(job.id, paused_at=state.paused_at, trigger_at=state.trigger_at or now)
             self.actions.append(Action(job.id, "trigger", BY_TICKLOCK, now, IMMEDIATELY, True))

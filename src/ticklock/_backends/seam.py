@@ -61,6 +61,10 @@ class FleetState:
     counts them, with the watermark."""
 
 
+FIRSTS = 16
+"""How many declarations of a job declared ``immediately`` the records keep: none of them
+runs it again (a release restarting beside another does not ask for a run at each start)."""
+
 NO_STATE = FleetState()
 """Read-only: the state of a job the fleet has none for."""
 

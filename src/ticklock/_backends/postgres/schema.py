@@ -210,12 +210,13 @@ CREATE TABLE IF NOT EXISTS {s}.pauses (
     until timestamptz NOT NULL,
     PRIMARY KEY (namespace, job_id)
 );""",
-        # the declaration (its fingerprint) each job declared immediately last ran for
+        # the declarations (their fingerprints, the latest first) each job declared
+        # immediately ran for
         "firsts": f"""
 CREATE TABLE IF NOT EXISTS {s}.firsts (
     namespace text NOT NULL,
     job_id text NOT NULL,
-    fingerprint text NOT NULL,
+    fingerprints text[] NOT NULL,
     PRIMARY KEY (namespace, job_id)
 );""",
         "seals": f"""

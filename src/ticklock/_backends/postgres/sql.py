@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..seam import FUTURE_LIMIT
+from ..seam import FIRSTS, FUTURE_LIMIT
 from .schema import literal, quote
 
 if TYPE_CHECKING:
@@ -54,13 +54,16 @@ class Statements:
         self.next_pause_end = f"SELECT min(until) - now() FROM {s}.pauses WHERE namespace = $1"
         self.resume = resume(s)
         self.audit = audit(s)
-        # the jobs declared immediately ($2, their fingerprints $3) whose declaration is not
-        # the one a run was last asked for: a trigger request each, audited ($4: who, $5: why)
+        # the jobs declared immediately ($2, their fingerprints $3) whose declaration none of
+        # their runs was asked for yet (of the last {FIRSTS}): a trigger request each, audited
+        # ($4: who, $5: why); a replica of a release that restarts beside another's asks for
+        # nothing (the two declarations take turns, each one known)
         self.immediately = f"""
 WITH v AS (SELECT * FROM unnest($2::text[], $3::text[]) AS v(id, fp)), new AS (
-    INSERT INTO {s}.firsts AS f (namespace, job_id, fingerprint) SELECT $1, id, fp FROM v
-    ON CONFLICT (namespace, job_id) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
-    WHERE f.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint
+    INSERT INTO {s}.firsts AS f (namespace, job_id, fingerprints) SELECT $1, id, ARRAY[fp] FROM v
+    ON CONFLICT (namespace, job_id) DO UPDATE
+    SET fingerprints = (EXCLUDED.fingerprints || f.fingerprints)[1:{FIRSTS}]
+    WHERE NOT EXCLUDED.fingerprints[1] = ANY(f.fingerprints)
     RETURNING job_id
 ), asked AS (
     UPDATE {s}.jobs AS j SET trigger_at = coalesce(j.trigger_at, now()) FROM new
