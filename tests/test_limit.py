@@ -148,3 +148,44 @@ async def test_the_ledger_of_a_completed_job_says_so_whatever_window_is_asked(
     # asked from after the job completed: its runs are not in the window, its count is
     shown = {(s.fate, s.reason) for s in late if s.fate is not Fate.PENDING}
     assert shown == {(Fate.SKIPPED, "limit reached")}
+
+
+async def test_a_stored_schedule_deleted_and_put_again_runs_its_limit_again() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock)
+    runs: list[int] = []
+
+    @scheduler.task("report")
+    async def report(ctx: JobContext) -> None:
+        runs.append(ctx.args["n"])
+
+    async with scheduler:
+        put = scheduler.schedules.put
+        await put("r", task="report", trigger=every(60), args={"n": 1}, limit=2, timeout=5)
+        await clock.advance(600)
+        await scheduler.schedules.delete("r")
+        await put("r", task="report", trigger=every(60), args={"n": 2}, limit=2, timeout=5)
+        await clock.advance(600)
+    assert runs == [1, 1, 2, 2]
+
+
+@pytest.mark.postgres
+async def test_on_postgres_a_stored_schedule_put_again_after_a_delete_starts_afresh(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, owner="a", shutdown_grace=1)
+    runs: list[int] = []
+
+    @scheduler.task("report")
+    async def report(ctx: JobContext) -> None:
+        runs.append(ctx.args["n"])
+
+    async with scheduler:
+        for n in (1, 2):
+            await scheduler.schedules.put(
+                "r", task="report", trigger=every(0.2), args={"n": n}, limit=2, timeout=0.15,
+                overdue_grace=60,
+            )  # fmt: skip
+            await anyio.sleep(2)
+            await scheduler.schedules.delete("r")
+    assert runs == [1, 1, 2, 2]

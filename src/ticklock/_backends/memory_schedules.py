@@ -26,6 +26,7 @@ class Records(Protocol):
     states: dict[str, FleetState]
     declared: dict[str, Job]
     actions: deque[Action]
+    pauses: dict[str, datetime]
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -105,7 +106,10 @@ class MemorySchedules:
             return False
         db.deleted[schedule_id] = old.version
         state = db.states.get(schedule_id) or FleetState()
-        db.states[schedule_id] = replace(state, version=0, paused_at=None, trigger_at=None)
+        db.states[schedule_id] = replace(
+            state, version=0, paused_at=None, trigger_at=None, successes=0
+        )
+        db.pauses.pop(schedule_id, None)  # a schedule put again with this id starts afresh
         self._written(schedule_id, "delete", who, note)
         return True
 

@@ -74,6 +74,11 @@ class PostgresSchedules:
             f"UPDATE {s}.jobs SET trigger_at = coalesce(trigger_at, now()) "
             "WHERE namespace = $1 AND job_id = $2"
         )
+        # what a deleted schedule's lifecycle kept: its run count and its pause's end
+        self._lifecycle = (
+            f"WITH c AS (DELETE FROM {s}.counts WHERE namespace = $1 AND job_id = $2) "
+            f"DELETE FROM {s}.pauses WHERE namespace = $1 AND job_id = $2"
+        )
         self._bury = (
             f"UPDATE {s}.jobs SET spec = $3::text::jsonb, paused_at = NULL, trigger_at = NULL, "
             "overdue_at = NULL, next_due = NULL WHERE namespace = $1 AND job_id = $2"
@@ -169,6 +174,7 @@ class PostgresSchedules:
                 return False
             tomb = {"deleted_at": now.isoformat(), "version": 0, "last_version": old.version}
             await conn.execute(self._bury, ns, schedule_id, json.dumps(tomb))
+            await conn.execute(self._lifecycle, ns, schedule_id)  # a new one starts afresh
             await self._written(conn, schedule_id, "delete", who, note)
         return True
 
