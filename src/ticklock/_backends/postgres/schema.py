@@ -41,6 +41,9 @@ _TABLES = (
     "pauses",
     "firsts",
 )
+CHECKED = tuple(t for t in _TABLES if t not in ("schema_version", "schedule_log"))
+"""The tables on which a starting scheduler checks that it may select, insert, update and
+delete (``schema_version`` it only reads)."""
 _MIGRATION_LOCK = "ticklock.migrate"
 LOCK_TIMEOUT_MS = 200
 """How long one attempt of a migration waits for a lock before it gives up (and is tried

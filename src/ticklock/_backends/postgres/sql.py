@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..seam import FIRSTS, FUTURE_LIMIT
-from .schema import literal, quote
+from .schema import CHECKED, literal, quote
 
 if TYPE_CHECKING:
     pass
@@ -72,21 +72,7 @@ WITH v AS (SELECT * FROM unnest($2::text[], $3::text[]) AS v(id, fp)), new AS (
 INSERT INTO {s}.audit (namespace, job_id, action, who, note, changed)
 SELECT $1, job_id, 'trigger', $4, $5, true FROM asked"""
         # the privileges a scheduler needs on its tables, missing ones named (NULL: all held)
-        tables = ", ".join(
-            f"'{s}.{t}'"
-            for t in (
-                "jobs",
-                "runs",
-                "replicas",
-                "presence",
-                "outages",
-                "audit",
-                "seals",
-                "counts",
-                "pauses",
-                "firsts",
-            )
-        )
+        tables = ", ".join(f"'{s}.{t}'" for t in CHECKED)
         self.ungranted = f"""
 SELECT array_agg(what ORDER BY what) FROM (
     SELECT format('table %s (%s)', replace(t, '"', ''), p) AS what
