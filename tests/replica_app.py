@@ -241,6 +241,18 @@ elif SCENARIO == "frozen-batches":
                 await anyio.sleep(30)  # the test SIGSTOPs this process here
             await anyio.sleep(0.7)
 
+elif SCENARIO == "replace":
+    # overlap="replace": a run of a slot before REPLICA_HOLD_BEFORE holds its lock and its
+    # write for good (the test SIGSTOPs its replica there); the next fire replaces it
+    HOLD_BEFORE = datetime.fromisoformat(os.environ["REPLICA_HOLD_BEFORE"])
+
+    @scheduler.job(cron("* * * * *"), id="replaced", timeout=600, overlap="replace")
+    async def replaced(ctx: JobContext) -> None:
+        await log(ctx, await begin(ctx), note=OWNER)
+        if ctx.slot < HOLD_BEFORE:
+            await anyio.Path(MARKER).touch()
+            await anyio.sleep(600)
+
 elif SCENARIO == "ticks":
     # one short job, for a database cut off (a blackhole) or a clock ahead (REPLICA_SHIFT)
     @scheduler.job(every(1), id="tick", timeout=0.5)

@@ -208,9 +208,15 @@ async def two_replicas_whose_reads_time_out(
     attempt, read = MemoryCoordinator.attempt, MemoryCoordinator.read
     timeouts = [3]
 
-    async def counted(self: MemoryCoordinator, job_id: str, budget: float, at: datetime) -> object:
+    async def counted(
+        self: MemoryCoordinator,
+        job_id: str,
+        budget: float,
+        at: datetime,
+        replacing: datetime | None = None,
+    ) -> object:
         attempts[self.owner] += 1
-        return await attempt(self, job_id, budget, at)
+        return await attempt(self, job_id, budget, at, replacing)
 
     async def queued(self: MemoryCoordinator, job_ids: list[str]) -> object:
         if timeouts[0]:

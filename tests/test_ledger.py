@@ -134,7 +134,7 @@ def test_catch_up_false_skips_the_slots_the_next_run_did_not_cover() -> None:
         (
             Records(runs=[run(0, took=15)], presence=LIVE, horizon=at(-60)),
             "skipped",
-            "the run of 2026-12-01T03:00:00+00:00 was still running (a job never overlaps itself)",
+            "the run before was still running (the run of 2026-12-01T03:00:00+00:00)",
         ),
         (
             Records(runs=[run(0)], horizon=at(30)),

@@ -151,7 +151,7 @@ JOB_CASES = [
         {"timeout": 60},
         cron("*/1 * * * *"),
         r"^job 'x': timeout \(60 s\) must be shorter than the shortest gap between "
-        r"fires \(60 s\)$",
+        r"fires \(60 s\); declare overlap= to allow up to 24 hours$",
         "timeout",
         id="cron_timeout",
     ),
@@ -159,9 +159,33 @@ JOB_CASES = [
         {"timeout": 7200},
         cron("0 0,23 */7 * 4,5"),  # 23 h apart, but 1 h from a Thursday 29 February to 1 March
         r"^job 'x': timeout \(7200 s\) must be shorter than the shortest gap between "
-        r"fires \(3600 s\)$",
+        r"fires \(3600 s\); declare overlap= to allow up to 24 hours$",
         "timeout",
         id="cron_timeout_rare_gap",
+    ),
+    pytest.param(
+        {"overlap": "queue"},
+        cron("* * * * *"),
+        r"^job 'x': overlap must be one of 'skip', 'buffer_one', 'replace' or None, "
+        r"got 'queue'$",
+        "overlap",
+        id="unknown_overlap",
+    ),
+    pytest.param(
+        {"overlap": "replace"},
+        every(10),
+        r"^job 'x': overlap='replace' needs a cron trigger: an every job never overlaps "
+        r"itself",
+        "overlap",
+        id="overlap_on_every",
+    ),
+    pytest.param(
+        {"overlap": "buffer_one", "timeout": 86401},
+        cron("* * * * *"),
+        r"^job 'x': timeout must be at most 86400 s \(24 hours\) with "
+        r"overlap='buffer_one', got 86401 s$",
+        "timeout",
+        id="overlap_timeout_over_a_day",
     ),
     pytest.param(
         {"timeout": 0},

@@ -35,6 +35,7 @@ JOB_OPTION_DEFAULTS = {
     "end": "None",
     "limit": "None",
     "immediately": "False",
+    "overlap": "None",
 }
 
 

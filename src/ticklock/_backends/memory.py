@@ -403,8 +403,12 @@ class MemoryCoordinator:
         self.db.immediately([job for job in jobs.values() if job.immediately], now)
         return {i: s for i, s in self.db.states.items() if i in jobs}
 
-    async def attempt(self, job_id: str, budget: float, at: datetime) -> _MemoryAttempt:
-        """Take the job's lock if it is free (one clock: nothing is ahead)."""
+    async def attempt(
+        self, job_id: str, budget: float, at: datetime, replacing: datetime | None = None
+    ) -> _MemoryAttempt:
+        """Take the job's lock if it is free (one clock: nothing is ahead). ``replacing`` needs
+        nothing here: a frozen replica's locks go when it freezes (:meth:`~MemoryDatabase.freeze`),
+        and a live one ends its replaced run itself, at the newer slot."""
         await self.db._gate(self.owner)
         return _MemoryAttempt(self.db, self.owner, job_id)
 

@@ -204,10 +204,14 @@ class Coordinator(Protocol):
         can be many."""
         ...
 
-    async def attempt(self, job_id: str, budget: float, at: datetime) -> Attempt:
+    async def attempt(
+        self, job_id: str, budget: float, at: datetime, replacing: datetime | None = None
+    ) -> Attempt:
         """Begin a tick: try the job's lock and read its state under it. ``at`` (the slot, or
         the tick's start if later) in the database's future is refused before the lock is
-        tried (PostgreSQL: :class:`~ticklock._errors.ClockAhead`)."""
+        tried (PostgreSQL: :class:`~ticklock._errors.ClockAhead`). ``replacing``: the slot of
+        a job whose ``overlap`` is "replace": a run of an older slot that holds the lock
+        (its replica frozen) is ended, rolled back, and the lock taken."""
         ...
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:

@@ -39,6 +39,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from .._schedule.job import REPLACED
 from .._schedule.spec import Spec
 from .._schedule.triggers import Cron, Every
 from .fleet import Action, Fate, RunRecord, SlotRecord, done, iso
@@ -221,7 +222,7 @@ def account(
         ):
             lateness = later.started_at - slot
             ledger.append(SlotRecord(slot, Fate.COVERED, reason, later, lateness))
-        elif slot + grace > now:
+        elif slot + grace > now and later is None:  # no later run began: it may still run
             ledger.append(SlotRecord(slot, Fate.PENDING))
         elif later is not None:  # passed over by catch_up=False, or older than its duration
             why = (
@@ -390,6 +391,8 @@ def _ran(
         if run.outcome == "success":
             return SlotRecord(slot, Fate.RAN, reason, run, lateness)
     last = max(attempts, key=lambda r: r.finished_at)
+    if last.error is not None and last.error.startswith(REPLACED):  # overlap="replace"
+        return SlotRecord(slot, Fate.SKIPPED, last.error, last, lateness)
     fate = Fate.TIMED_OUT if last.outcome == "timeout" else Fate.FAILED
     return SlotRecord(slot, fate, reason, last, lateness)
 
@@ -467,7 +470,7 @@ class _Facts:
         i = bisect.bisect_right(self.starts, slot) - 1
         if i >= 0 and slot < self.by_start[i].finished_at:
             run = self.by_start[i]
-            why = f"the run of {iso(run.slot)} was still running (a job never overlaps itself)"
+            why = f"the run before was still running (the run of {iso(run.slot)})"
             return Fate.SKIPPED, why, run
         j = bisect.bisect_right(self.ends, slot) - 1
         if j >= 0 and _slot(self.by_end[j]) >= slot:

@@ -53,7 +53,7 @@ MIN_COMPACT = 64
 logger = logging.getLogger("ticklock")
 
 
-class _Timeout:
+class Timeout:
     """A run's timeout: a cancel scope, entered as a context manager, that the dispatcher
     cancels when its clock reaches ``deadline`` (``scope`` is ``None`` once the run left it)."""
 
@@ -69,6 +69,12 @@ class _Timeout:
         scope.__enter__()
         self._dispatcher._add(self)
         return scope
+
+    def shorten(self, deadline: float) -> None:
+        """End the run at ``deadline`` instead, if that is sooner (a newer slot replaces it)."""
+        if deadline < self.deadline and self.scope is not None:
+            self.deadline = deadline
+            self._dispatcher._add(self)
 
     def __exit__(
         self,
@@ -111,7 +117,7 @@ class Dispatcher:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._heap: list[tuple[float, int, Timer]] = []
-        self._timeouts: list[tuple[float, int, _Timeout]] = []
+        self._timeouts: list[tuple[float, int, Timeout]] = []
         self._sequence = itertools.count().__next__
         self._wake: anyio.CancelScope | None = None
         self._sleeping_until = math.inf
@@ -173,13 +179,13 @@ class Dispatcher:
                 heapq.heapify(self._heap)
                 self._stale = 0
 
-    def bound(self, deadline: float) -> _Timeout:
+    def bound(self, deadline: float) -> Timeout:
         """A context manager: a cancel scope that this loop cancels when its clock reaches
         ``deadline`` (the timeout of a run; the scope has no deadline of its own, so shields
         inside hold)."""
-        return _Timeout(self, deadline)
+        return Timeout(self, deadline)
 
-    def _add(self, timeout: _Timeout) -> None:
+    def _add(self, timeout: Timeout) -> None:
         heapq.heappush(self._timeouts, (timeout.deadline, self._sequence(), timeout))
         if timeout.deadline < self._sleeping_until:
             self.wake()

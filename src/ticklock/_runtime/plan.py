@@ -78,15 +78,19 @@ def plan(job: Job, state: FleetState, now: datetime, result: RunResult | None = 
             assert state.busy_until is not None
             return Recheck(max(STEP, (state.busy_until - now).total_seconds() + STEP))
         # running elsewhere: look again once that run must have ended, or its holder (paused,
-        # frozen) is past its bound and the attempt ends it; never later than a period
-        return Recheck(min(job.trigger.period, hold_limit(job)))
+        # frozen) is past its bound and the attempt ends it; never later than a period, nor
+        # (overlap "replace") than the next fire, which replaces the run of an older slot
+        delay = min(job.trigger.period, hold_limit(job))
+        fire = job.trigger.next_fire(now) if job.overlap == "replace" else None
+        if fire is not None:
+            delay = min(delay, (fire - now).total_seconds() + STEP)
+        return Recheck(delay)
     retry = _retry(job, state, now)
     if retry is not None:
         return retry
     if result is None or result.outcome is Outcome.SKIPPED:
         return on_time(first(job, state, now))
-    end = since(job.trigger, result.finished_at, result.slot)
-    return on_time(windowed(job, after(job.trigger, end)))
+    return on_time(windowed(job, next_slot(job, result.finished_at, result.slot)))
 
 
 def after_run(job: Job, state: FleetState, now: datetime, result: RunResult) -> Plan:
@@ -142,10 +146,40 @@ def _retry(job: Job, state: FleetState, now: datetime) -> Delayed | None:
     if state.last_slot is not None and state.last_slot >= failed:
         return None
     at = state.last_end + timedelta(seconds=job.retry_backoff * 2 ** (done - 1))
-    following = after(job.trigger, state.last_end)
-    if following is not None and max(at, now) >= following:
+    nxt = next_slot(job, state.last_end, failed)
+    if nxt is not None and max(at, now) >= nxt:
         return None
     return Delayed(failed, max(0.0, (at - now).total_seconds()), done + 1)
+
+
+OVERLAPPING = ("buffer_one", "replace")
+"""The ``overlap`` policies under which a cron fire that came while a run ran runs once it
+ends (the run ended by itself, or was replaced at that fire)."""
+
+
+def next_slot(
+    job: Job, end: datetime, slot: datetime | None, ran: datetime | None = None
+) -> datetime | None:
+    """The slot after a run that ended at ``end``, the watermark at ``slot`` (``ran``: the
+    slot of that run, if later: a failure): by fixed delay (:func:`after`, from
+    :func:`since`); for a cron job whose ``overlap`` is "buffer_one" or "replace", the latest
+    fire that came while that run ran, if one did: it runs at once (the one buffered; the one
+    that replaced the run). The latest, not the first: derived from the watermark and the
+    run's end alone, every replica (and the next run's end) agrees on it, and the run covers
+    the fires before it; those are skipped (the run before was still running)."""
+    trigger = job.trigger
+    ran = slot if ran is None or (slot is not None and slot > ran) else ran
+    if ran is not None and isinstance(trigger, Cron) and job.overlap in OVERLAPPING:
+        fire = trigger.next_fire(ran)
+        if fire is not None and fire <= end:
+            return latest(trigger, fire, end)
+    return after(trigger, since(trigger, end, slot))
+
+
+def following(job: Job, state: FleetState) -> datetime | None:
+    """The slot after the fleet's last run (:func:`next_slot`; the job ran before)."""
+    assert state.last_end is not None
+    return next_slot(job, state.last_end, state.last_slot, state.failed_slot)
 
 
 def after(trigger: Trigger, end: datetime) -> datetime | None:
@@ -168,7 +202,7 @@ def since(trigger: Trigger, end: datetime, slot: datetime | None) -> datetime:
 
 def next_due(job: Job, result: RunResult) -> datetime | None:
     """When the run after ``result`` is due, as operators see it (retries aside)."""
-    return windowed(job, after(job.trigger, result.finished_at))
+    return windowed(job, next_slot(job, result.finished_at, result.slot))
 
 
 def windowed(job: Job, slot: datetime | None) -> datetime | None:
@@ -193,10 +227,10 @@ def _first(job: Job, state: FleetState, now: datetime) -> datetime | None:
         if isinstance(trigger, Every):
             return now + timedelta(seconds=trigger.initial_delay)
         return trigger.next_fire(now)
-    base = since(trigger, state.last_end, state.last_slot)
-    if job.defined_at is not None and isinstance(trigger, Cron) and base < job.defined_at:
-        base = job.defined_at  # an edited schedule owes no fire of its new trigger before it
-    due = after(trigger, base)
+    due = following(job, state)
+    defined = job.defined_at  # an edited schedule owes no fire of its new trigger before it
+    if defined is not None and isinstance(trigger, Cron) and due is not None and due <= defined:
+        due = after(trigger, defined)
     if due is None or due > now or job.catch_up is True and isinstance(trigger, Every):
         return due
     # the oldest missed slot a run covers: any (True), none (False), or those within a duration
@@ -221,7 +255,7 @@ def resting(job: Job, state: FleetState, start: datetime) -> datetime | None:
         return None
     if state.last_end is None:
         return first(job, state, start)
-    return windowed(job, after(job.trigger, since(job.trigger, state.last_end, state.last_slot)))
+    return windowed(job, following(job, state))
 
 
 def first_fires(job: Job, now: datetime) -> Iterator[datetime]:
@@ -259,7 +293,7 @@ def stale(job: Job, state: FleetState, slot: datetime, attempt: int = 1) -> bool
         return committed or state.failed_slot != slot or state.failed_attempts != attempt - 1
     if state.last_end is None:
         return False
-    due = after(job.trigger, since(job.trigger, state.last_end, state.last_slot))
+    due = following(job, state)
     return due is None or due > slot
 
 
@@ -378,6 +412,8 @@ def look(
     if now is not None and not held and busy(state, now):
         assert state.busy_until is not None
         return LookAgain(min(GRACE, max(STEP, (state.busy_until - now).total_seconds() + STEP)))
+    if held and job.overlap == "replace" and attempt == 1:
+        return Attempt()  # the attempt ends a run of an older slot (never one of this slot)
     if held:  # a run is in progress: look again a grace later, until it must have ended
         if held_for < hold_limit(job):
             return LookAgain(GRACE)

@@ -25,12 +25,13 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from .._backends.seam import Attempt, Coordinator, FleetState
 from .._errors import describe
 from .._schedule.caps import bound_error, bound_report, jsonb_text
-from .._schedule.job import Job, JobContext, Outcome, RunResult
+from .._schedule.job import Job, JobContext, Outcome, RunResult, replaced
+from .._schedule.triggers import Cron
 from .._telemetry import JOB_ID, Telemetry, logger
 from . import plan as _plan
 from .batch import Batches
 from .clock import Clock
-from .loop import BLOCKED_WARNING, Dispatcher
+from .loop import BLOCKED_WARNING, Dispatcher, Timeout
 from .plan import Busy, Skip
 
 T = TypeVar("T")
@@ -90,6 +91,8 @@ class _Run:
     result: RunResult | None = None
     batches: Batches | None = None
     cursor: str | None = None  # the JSON text of the last batch's cursor, for the commit
+    replaced_at: float | None = None  # monotonic: the next fire, which replaces this run
+    replaced_by: datetime | None = None
 
     @property
     def committed(self) -> int:
@@ -192,15 +195,23 @@ class Runner:
         lateness = None if fire_at is None else (started - fire_at).total_seconds()
         run = _Run(slot=(slot or started) if manual else slot, manual=manual)
         attempt: Attempt | None = None
+        # a replaced run of an older slot never commits: its tick holds the slot's lock
+        replacing = slot if job.overlap == "replace" and not manual else None
         try:
-            with self.dispatcher.bound(deadline) as scope:
+            bound = self.dispatcher.bound(deadline)
+            with bound as scope:
                 # a slot in the database's future is refused here, before the handler starts
                 at = started if run.slot is None else max(run.slot, started)
-                attempt = await self.coordinator.attempt(job.id, job.timeout, at)
-                await self._hold(job, attempt, run, started, slot, number, deadline)
-            overran = scope.cancel_called or clock.monotonic() >= deadline
+                attempt = await self.coordinator.attempt(job.id, job.timeout, at, replacing)
+                await self._hold(job, attempt, run, started, slot, number, deadline, bound)
+            now_m = clock.monotonic()
+            overran = scope.cancel_called or now_m >= deadline
+            cut = run.replaced_at is not None and run.replaced_at <= now_m < deadline
             if overran and attempt is None:  # the database did not answer in time
                 run.fail(Outcome.ERROR, None, f"no database connection within {job.timeout:g} s")
+            elif overran and cut and run.outcome in (None, Outcome.SUCCESS):
+                assert run.replaced_by is not None
+                run.fail(Outcome.CANCELLED, None, replaced(run.replaced_by))
             elif overran and run.outcome in (None, Outcome.SUCCESS):
                 error = f"timed out after {job.timeout:g} s"
                 # the traceback of the cancellation says where the handler was waiting
@@ -230,6 +241,7 @@ class Runner:
         requested: datetime | None,
         number: int,
         deadline: float,
+        bound: Timeout,
     ) -> None:
         if not attempt.acquired:
             run.outcome = Outcome.LOCKED
@@ -244,6 +256,13 @@ class Runner:
             return
         run.slot = admission.slot
         assert run.slot is not None
+        if job.overlap == "replace" and not run.manual and isinstance(job.trigger, Cron):
+            fire = job.trigger.next_fire(run.slot)  # the run ends when that fire comes
+            if fire is not None:
+                clock = self.clock
+                run.replaced_by = fire
+                run.replaced_at = clock.monotonic() + (fire - clock.now()).total_seconds()
+                bound.shorten(run.replaced_at)
 
         def open_batches() -> Batches:  # made when the handler asks: most runs never do
             advance = _Advance(attempt, self.clock, deadline)

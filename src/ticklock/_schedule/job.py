@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from typing_extensions import Unpack
 
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 MAX_DEFAULT_TIMEOUT = 300.0
 MAX_TIMEOUT = 2_147_483_647 / 1000 - 1.0
+MAX_OVERLAP_TIMEOUT = 86_400.0
+"""The longest timeout of a cron job declared with an explicit ``overlap`` (24 hours)."""
+Overlap = Literal["skip", "buffer_one", "replace"]
+"""What a cron slot does when the job's previous run is still running (see ``overlap=``)."""
+OVERLAPS: tuple[str, ...] = get_args(Overlap)
 """PostgreSQL's timeouts are int milliseconds; a tick sets them to the timeout plus 1 s."""
 
 
@@ -220,6 +225,12 @@ class JobOptions(TypedDict, total=False):
     immediately: bool
     """One run at once, fleet-wide, when the declaration is new or changed; never on an
     unchanged restart, a replica joining or a failover (default ``False``)."""
+    overlap: Overlap | None
+    """What a cron slot does when the job's previous run is still running: ``"skip"`` it,
+    ``"buffer_one"`` (run it once that run ends; later ones are skipped), or ``"replace"``
+    that run (cancelled, rolled back, never committed). ``every`` takes only ``"skip"``.
+    Given, a cron job's timeout may be up to 24 hours (default ``None``: skip, and the
+    timeout shorter than the shortest gap between fires)."""
 
 
 _OPTIONS = frozenset(JobOptions.__annotations__)
@@ -250,6 +261,8 @@ class Job:
     """How many scheduled runs may commit, fleet-wide: the job has then completed."""
     immediately: bool = False
     """One run at once when the declaration is new or changed (keyed to its fingerprint)."""
+    overlap: Overlap | None = None
+    """What a cron slot does while the previous run still runs (``None``: ``"skip"``)."""
     task: str | None = None
     """The task of a stored schedule (``None``: a job declared in code)."""
     args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
@@ -299,6 +312,10 @@ class Job:
                 f"limit must be a whole number of runs, 1 or more, or None, got {limit_runs!r}"
             )
             raise error("limit", message)
+        overlap = options.get("overlap")
+        if overlap is not None and overlap not in OVERLAPS:
+            known = ", ".join(repr(o) for o in OVERLAPS)
+            raise error("overlap", f"overlap must be one of {known} or None, got {overlap!r}")
 
         if not isinstance(trigger, (Every, Cron)):
             raise error("trigger", f"trigger must be every(...) or cron(...), got {trigger!r}")
@@ -311,6 +328,13 @@ class Job:
                 "'await anyio.to_thread.run_sync(blocking_function)'",
             )
         period = trigger.period
+        if isinstance(trigger, Every) and overlap not in (None, "skip"):
+            raise error(
+                "overlap",
+                f"overlap={overlap!r} needs a cron trigger: an every job never overlaps itself "
+                "(its next run starts an interval after the last one ends), so it takes only "
+                "'skip'",
+            )
         if timeout is None:
             limit = min(period / 2, MAX_DEFAULT_TIMEOUT)
         else:
@@ -322,9 +346,18 @@ class Job:
                     "holds statement and transaction timeouts up to 2147483647 ms, and ticklock "
                     f"adds 1 s), got {limit:g} s",
                 )
-            if limit >= period:
+            if isinstance(trigger, Cron) and overlap is not None:
+                if limit > MAX_OVERLAP_TIMEOUT:
+                    raise error(
+                        "timeout",
+                        f"timeout must be at most {MAX_OVERLAP_TIMEOUT:g} s (24 hours) with "
+                        f"overlap={overlap!r}, got {limit:g} s",
+                    )
+            elif limit >= period:
                 shape = "interval" if isinstance(trigger, Every) else "shortest gap between fires"
                 message = f"timeout ({limit:g} s) must be shorter than the {shape} ({period:g} s)"
+                if isinstance(trigger, Cron):  # a longer run needs a policy for the fires in it
+                    message += "; declare overlap= to allow up to 24 hours"
                 raise error("timeout", message)
         if overdue_grace is None:
             grace = min(max(period * 0.1, 1.0), 300.0)
@@ -383,7 +416,17 @@ class Job:
             end=end,
             limit=limit_runs,
             immediately=immediately,
+            overlap=overlap,
         )
+
+
+REPLACED = "replaced by the run of slot "
+"""How the error of a run that a newer slot replaced begins (``overlap="replace"``)."""
+
+
+def replaced(fire: datetime) -> str:
+    """The error of a run replaced by the run of slot ``fire``."""
+    return f"{REPLACED}{fire.isoformat()}"
 
 
 def idempotency_key(namespace: str, job_id: str, slot: datetime) -> str:
@@ -422,6 +465,7 @@ def declaration(job: Job) -> str:
         for key, value in (("start", job.start), ("end", job.end))
         if value is not None
     ) + ("" if job.limit is None else f", limit {job.limit}")
+    window += "" if job.overlap is None else f", overlap {job.overlap}"
     return (
         f"{shape}, timeout {job.timeout:g}s, retries {job.retries} (backoff "
         f"{job.retry_backoff:g}s), catch_up {job.catch_up}, overdue_grace {job.overdue_grace:g}s"

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._errors import ScheduleError
-from .job import Job
+from .job import OVERLAPS, Job, Overlap
 from .triggers import Cron, Every, Trigger, within
 
 
@@ -33,6 +33,7 @@ class Spec:
     start: datetime | None = None
     end: datetime | None = None
     limit: int | None = None
+    overlap: Overlap | None = None
 
     def ended(self, now: datetime) -> bool:
         """Whether the job's window ended before ``now``: no slot is owed any more."""
@@ -61,6 +62,7 @@ def of(job: Job) -> Spec:
         job.start,
         job.end,
         job.limit,
+        job.overlap,
     )
 
 
@@ -87,6 +89,7 @@ def to_json(spec: Spec) -> dict[str, Any]:
             if value is not None
         },
         **({} if spec.limit is None else {"limit": spec.limit}),
+        **({} if spec.overlap is None else {"overlap": spec.overlap}),
     }
 
 
@@ -113,6 +116,7 @@ def from_json(value: Any) -> Spec | None:
             _instant(value.get("start")),
             _instant(value.get("end")),
             None if value.get("limit") is None else int(value["limit"]),
+            _overlap(value.get("overlap")),
         )
         # a ledger walks the schedule: never a zero step; and no limit a job could not have
         sane = trigger.period > 0 and spec.timeout > 0 and spec.overdue_grace >= 0
@@ -128,6 +132,16 @@ def _catch_up(value: Any) -> bool | float:
     if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
         return float(value)
     raise ValueError(f"not a catch_up: {value!r}")
+
+
+def _overlap(value: Any) -> Overlap | None:
+    """An ``overlap`` as the records keep it."""
+    if value is None:
+        return None
+    for known in OVERLAPS:
+        if value == known:
+            return known  # type: ignore[return-value]
+    raise ValueError(f"not an overlap: {value!r}")
 
 
 def _instant(value: Any) -> datetime | None:

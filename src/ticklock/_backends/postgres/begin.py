@@ -11,7 +11,7 @@ from datetime import datetime
 
 from ..seam import FUTURE_LIMIT
 from .schema import SEAL_SETTING
-from .sql import DEADLINE_TAG
+from .sql import DEADLINE_TAG, SLOT_TAG
 
 
 def sealed_commit(token: str) -> str:
@@ -49,7 +49,20 @@ class Holder(enum.IntEnum):
     end."""
 
 
-def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) -> str:
+def unix32(at: datetime) -> int:
+    """``at`` in whole unix seconds as the unsigned 32-bit value ``pg_locks`` shows of an
+    advisory lock's second int4 key."""
+    return int(at.timestamp()) % 2**32
+
+
+def _int4(value: int) -> int:
+    """An unsigned 32-bit value as the int4 whose bits it is."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
+def locks(
+    key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool, slot: datetime | None = None
+) -> str:
     """The SQL expression that takes a tick's locks: ``key`` (the job's key in this
     installation, :func:`ticklock.lock_key` with its schema) exclusively, ``legacy`` (the key
     without a schema, which earlier releases take exclusively) in shared mode, and the
@@ -57,10 +70,16 @@ def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) ->
     server-side bound) and ``grace_ms``, in whole seconds (rounded down, so never more than
     ``grace_ms`` past the bound). ``wait``: wait for the locks (``pg_advisory_xact_lock``,
     bounded by the transaction's ``lock_timeout``) and return them, else try them and return
-    whether the job's were taken (the deadline lock is taken only then). The keys are ints:
-    safe to inline."""
+    whether the job's were taken (the deadline lock is taken only then). ``slot``: the slot
+    lock (:data:`SLOT_TAG`) of a job whose ``overlap`` is "replace", taken with the deadline
+    lock. The keys are ints: safe to inline."""
     deadline = f"floor(extract(epoch FROM now()) + {(limit_ms + grace_ms) / 1000!r})::int8"
     dated = f"(({deadline} + 2147483648) % 4294967296 - 2147483648)::int4"
+    named = (
+        ""
+        if slot is None
+        else f" AND pg_try_advisory_xact_lock_shared({SLOT_TAG}, {_int4(unix32(slot))}) IS NOT NULL"
+    )
     if wait:
         return (
             f"pg_advisory_xact_lock({key}), pg_advisory_xact_lock_shared({legacy}), "
@@ -68,7 +87,7 @@ def locks(key: int, legacy: int, limit_ms: int, grace_ms: int, *, wait: bool) ->
         )
     return (
         f"pg_try_advisory_xact_lock({key}) AND pg_try_advisory_xact_lock_shared({legacy}) "
-        f"AND pg_try_advisory_xact_lock_shared({DEADLINE_TAG}, {dated}) IS NOT NULL"
+        f"AND pg_try_advisory_xact_lock_shared({DEADLINE_TAG}, {dated}) IS NOT NULL{named}"
     )
 
 
@@ -116,6 +135,7 @@ def begin(
     transaction_timeout: bool,
     at: datetime,
     anchor: datetime | None,
+    slot: datetime | None = None,
 ) -> str:
     """A tick's first query: BEGIN, the server-side timeouts (``transaction_timeout`` on
     PostgreSQL 17+, which bounds the transaction idle or busy; the other two before), the
@@ -125,11 +145,12 @@ def begin(
     ``at`` (the slot, or the tick's start if later) more than ``FUTURE_LIMIT`` seconds beyond
     ``greatest(clock_timestamp(), anchor)`` (see :class:`.database.DatabaseTime`) is refused
     before the lock is tried, and so before the handler could start. ``key`` is an int and
-    the timestamps are ticklock's own (:func:`timestamp`): safe to inline.
+    the timestamps are ticklock's own (:func:`timestamp`): safe to inline. ``slot``: the
+    slot a tick of a job whose ``overlap`` is "replace" runs (its lock, see :func:`locks`).
     """
     limits = _limits(limit_ms, transaction_timeout=transaction_timeout)
     reference = "clock_timestamp()" if anchor is None else f"{timestamp(anchor)}, clock_timestamp()"
-    taken = locks(key, legacy, limit_ms, grace_ms, wait=False)
+    taken = locks(key, legacy, limit_ms, grace_ms, wait=False, slot=slot)
     # OFFSET 0: the check is evaluated once, and before the lock is tried
     return (
         f"BEGIN; {limits}SELECT 1 FROM (SELECT {timestamp(at)} > greatest({reference}) + "
@@ -139,10 +160,12 @@ def begin(
     )
 
 
-def end_stale_holder(key: int, wait_ms: int | None) -> str:
+def end_stale_holder(key: int, wait_ms: int | None, replacing: datetime | None = None) -> str:
     """End the session of the holder of lock ``key`` (the job's key in this installation) if
-    it is a tick of ticklock's past its deadline, waiting up to ``wait_ms`` for it to go
-    (``None``: PostgreSQL before 14, no wait). Its status tag is a :class:`Holder`.
+    it is a tick of ticklock's past its deadline, or (``replacing``: the slot of a job whose
+    ``overlap`` is "replace") the tick of an older slot (its slot lock, :data:`SLOT_TAG`),
+    waiting up to ``wait_ms`` for it to go (``None``: PostgreSQL before 14, no wait). Its
+    status tag is a :class:`Holder`.
 
     Everything the judge reads is visible to every role: the holder is found through
     ``pg_locks`` (an advisory lock on an int8 key has the key's high and low 32 bits as
@@ -160,6 +183,14 @@ def end_stale_holder(key: int, wait_ms: int | None) -> str:
     here = "(SELECT oid FROM pg_database WHERE datname = current_database())"
     superuser = "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
     signal = "(pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))"
+    older = (
+        ""
+        if replacing is None
+        else f""" OR EXISTS (SELECT FROM pg_locks AS o
+                    WHERE o.pid = k.pid AND o.locktype = 'advisory' AND o.granted
+                        AND o.objsubid = 2 AND o.classid = {SLOT_TAG} AND o.database = {here}
+                        AND o.objid::int8 < {unix32(replacing)})"""
+    )
     # OFFSET 0: each holder is judged, then ended, once
     return f"""SELECT 1 FROM generate_series(1, (
     SELECT CASE WHEN bool_or(h.ended) THEN {Holder.ENDED:d}
@@ -174,10 +205,10 @@ def end_stale_holder(key: int, wait_ms: int | None) -> str:
             WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                 AND k.classid = {hi} AND k.objid = {lo} AND k.pid <> pg_backend_pid()
                 AND k.database = {here}
-                AND extract(epoch FROM clock_timestamp()) > (
+                AND (extract(epoch FROM clock_timestamp()) > (
                     SELECT min(m.objid::int8) FROM pg_locks AS m
                     WHERE m.pid = k.pid AND m.locktype = 'advisory' AND m.granted
                         AND m.objsubid = 2 AND m.classid = {DEADLINE_TAG}
-                        AND m.database = {here})
+                        AND m.database = {here}){older})
             OFFSET 0) AS s
         OFFSET 0) AS h))"""

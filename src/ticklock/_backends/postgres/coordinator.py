@@ -248,7 +248,12 @@ class PostgresCoordinator:
         return keys
 
     async def _begin(
-        self, conn: asyncpg.Connection[Any], job_id: str, budget: float, at: datetime
+        self,
+        conn: asyncpg.Connection[Any],
+        job_id: str,
+        budget: float,
+        at: datetime,
+        replacing: datetime | None,
     ) -> Begun:
         statement = begin(
             *self._keys(job_id),
@@ -257,45 +262,56 @@ class PostgresCoordinator:
             transaction_timeout=self.db.transaction_timeout,
             at=at,
             anchor=self.db.anchor(),
+            slot=replacing,
         )
         status = await conn.execute(statement)
         return Begun(int(status.rsplit(" ", 1)[1]))
 
-    async def _take_over(self, attempt: Tick, job_id: str, budget: float, at: datetime) -> Begun:
+    async def _take_over(
+        self, attempt: Tick, job_id: str, budget: float, at: datetime, replacing: datetime | None
+    ) -> Begun:
         """The lock is held: roll back, and end the holder's session if it is a tick past its
-        deadline (a frozen replica whose handler switched the server-side timeouts off), then
-        try once more. The common path (the lock taken) never pays this."""
+        deadline (a frozen replica whose handler switched the server-side timeouts off) or,
+        ``replacing`` (overlap "replace"), the tick of an older slot, then try once more. The
+        common path (the lock taken) never pays this."""
         assert attempt.con is not None
         conn = attempt.con
         key, _ = self._keys(job_id)
-        status = await conn.execute("ROLLBACK; " + end_stale_holder(key, self.db.terminate_wait))
+        ending = end_stale_holder(key, self.db.terminate_wait, replacing)
+        status = await conn.execute("ROLLBACK; " + ending)
         attempt.open = False
         holder = Holder(int(status.rsplit(" ", 1)[1]))
+        why = (
+            f"its tick began more than its timeout + {SERVER_GRACE + STALE_GRACE:.0f} s ago: "
+            "its handler switched off the server-side timeouts, and it is frozen or stuck"
+        )
+        if replacing is not None:
+            why = f"it runs a slot older than {replacing.isoformat()}, which replaces it, or {why}"
         if holder in (Holder.REFUSED, Holder.SUPERUSER) and holder not in self._refused:
             self._refused.add(holder)  # said once per cause
             logger.warning(
-                "%s: the replica holding the lock is past its deadline (its tick began more "
-                "than its timeout + %.0f s ago: its handler switched off the server-side "
-                "timeouts, and it is frozen or stuck), and %s: no replica can run the job "
-                "until it lets go. %s",
+                "%s: the replica holding the lock is to be ended (%s), and %s: no replica can "
+                "run the job until it lets go. %s",
                 job_id,
-                SERVER_GRACE + STALE_GRACE,
+                why,
                 *_refusal(holder, _role(conn)),
                 extra={"job_id": job_id},
             )
         if holder is not Holder.ENDED:
             return Begun.HELD
         logger.warning(
-            "%s: ended the session of the replica holding the lock past its deadline (its "
-            "handler had switched off the server-side timeouts, and it is frozen or stuck): "
-            "its writes are rolled back, and this replica runs the job",
+            "%s: ended the session of the replica holding the lock (%s): its writes are "
+            "rolled back, and this replica runs the job",
             job_id,
+            why,
             extra={"job_id": job_id},
         )
         attempt.open = True
-        return await self._begin(conn, job_id, budget, at)
+        return await self._begin(conn, job_id, budget, at, replacing)
 
-    async def attempt(self, job_id: str, budget: float, at: datetime) -> Tick:
+    async def attempt(
+        self, job_id: str, budget: float, at: datetime, replacing: datetime | None = None
+    ) -> Tick:
         """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
         or the tick's start if later), try the lock, and read the job's state under it."""
         if not self.db.ready:
@@ -312,11 +328,11 @@ class PostgresCoordinator:
         answered = False
         try:
             asked, when = time.monotonic(), self.db.clock.now()
-            begun = await self._begin(conn, job_id, budget, at)
+            begun = await self._begin(conn, job_id, budget, at, replacing)
             answered = True
             self.db.answered(asked, when)
             if begun is Begun.HELD:
-                begun = await self._take_over(attempt, job_id, budget, at)
+                begun = await self._take_over(attempt, job_id, budget, at, replacing)
             if begun is Begun.AHEAD:
                 self.db.refused(at)
                 raise self._ahead(at)

@@ -389,6 +389,13 @@ session. ``pg_locks`` shows it to every role, and a handler cannot release it (a
 transaction-level lock lasts as long as its transaction)."""
 
 
+SLOT_TAG = 1528065507
+"""The first key of the lock that names the slot a tick of a job whose ``overlap`` is
+"replace" runs: ``pg_advisory_xact_lock_shared(SLOT_TAG, slot)``, ``slot`` in unix seconds
+(an unsigned 32-bit value). A tick for a newer slot ends the session of a holder whose slot
+is older (see :func:`.begin.end_stale_holder`); one for the same slot never does."""
+
+
 def bounded(limit: str) -> str:
     """Whether the server-side timeouts a tick or batch set (``limit``: the parameter of its
     ms) still hold: ``transaction_timeout`` where the server has it, else the other two."""
