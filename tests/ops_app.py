@@ -172,6 +172,23 @@ if SCENARIO == "limit":
     scheduler.add(logged, every(0.2), id="limited", limit=5, timeout=0.15, overdue_grace=60)
 
 
+if SCENARIO == "backfill":
+    # an hourly report whose backfilled runs log themselves with args {"backfill": true}
+    async def hourly(ctx: JobContext) -> None:
+        assert ctx.conn is not None
+        await ctx.conn.execute(
+            f"INSERT INTO {SCHEMA}.log (job, owner, slot, tx, started, args) "
+            "VALUES ($1, $2, $3, now(), clock_timestamp(), $4::text::jsonb)",
+            ctx.job_id,
+            ctx.owner,
+            ctx.slot,
+            json.dumps({"backfill": ctx.backfill}),
+        )
+        await anyio.sleep(0.2)  # long enough for the other replica to find the lock held
+
+    scheduler.add(hourly, cron("0 * * * *"), id="hourly", catch_up=False, timeout=5)
+
+
 if SCENARIO.startswith("declared-"):
     # one job whose interval differs between releases: ``declared-1``, ``declared-0.5``
     scheduler.add(logged, every(float(SCENARIO.split("-")[1])), id="j1", overdue_grace=60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import anyio
 import pytest
@@ -213,10 +214,10 @@ async def two_replicas_whose_reads_time_out(
         job_id: str,
         budget: float,
         at: datetime,
-        replacing: datetime | None = None,
+        *rest: Any,
     ) -> object:
         attempts[self.owner] += 1
-        return await attempt(self, job_id, budget, at, replacing)
+        return await attempt(self, job_id, budget, at, *rest)
 
     async def queued(self: MemoryCoordinator, job_ids: list[str]) -> object:
         if timeouts[0]:

@@ -42,6 +42,7 @@ from ticklock._operators.dashboard.hosts import for_bind_address, host_name
 from ticklock._operators.dashboard.timeline import MAX_SLOTS, slot_timeline
 from ticklock._operators.fleet import (
     Action,
+    Backfill,
     Fate,
     JobRecord,
     JobState,
@@ -49,6 +50,7 @@ from ticklock._operators.fleet import (
     RunRecord,
     SlotRecord,
 )
+from ticklock._schedule.spec import Spec
 from ticklock.testing import ManualClock
 
 UTC = timezone.utc
@@ -154,6 +156,23 @@ class MemoryFleet:
         self._known(job_id)
         self.calls.append(("forget", job_id))
         del self._jobs[job_id]
+
+    async def request_backfill(
+        self,
+        job_id: str,
+        slots: Sequence[datetime],
+        pace: float | None,
+        note: str | None,
+        *,
+        who: str,
+    ) -> int:
+        raise KeyError(f"no live replica runs job {job_id!r}")  # the dashboard never asks
+
+    async def backfill_state(self, request: int) -> Backfill | None:
+        return None
+
+    async def spec(self, job_id: str) -> Spec | None:
+        return None
 
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
         if self.fail is not None:

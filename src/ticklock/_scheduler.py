@@ -24,6 +24,7 @@ from ._operators.schedules import Schedules
 from ._runtime.catalog import Catalog
 from ._runtime.clock import Clock, SystemClock
 from ._runtime.crew import Crew, last_successes
+from ._runtime.fills import Fills
 from ._runtime.loop import Dispatcher
 from ._runtime.roster import Roster
 from ._runtime.runner import Runner
@@ -155,7 +156,9 @@ class Scheduler:
         if dsn is not None or pool is not None:
             self._use_postgres(dsn, pool)
         self._catalog = Catalog(self._crew, self._tasks, self._stored)
-        self._fleet = SchedulerFleet(self.namespace, self._views, lambda: self._crew.session)
+        self._fleet = SchedulerFleet(
+            self.namespace, self._views, lambda: self._crew.session, self._clock.now
+        )
         self._schedules = Schedules(self._stored, self._tasks.keys, self._roster.jobs.keys)
 
     def _views(self) -> Views:
@@ -366,6 +369,7 @@ class Scheduler:
                 mode="postgres" if self.postgres else "local",
                 builtin=_RETENTION,
                 tasks=self._tasks,
+                fills=Fills(self._crew, lambda: self._views().fleet),
             )
             await service.run(task_status)
         finally:

@@ -24,16 +24,24 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .._errors import SlotAlreadyCommitted
-from .._operators.fleet import BY_TICKLOCK, IMMEDIATELY, Action, Fleet, Replica, expired
+from .._operators.fleet import (
+    BY_TICKLOCK,
+    IMMEDIATELY,
+    Action,
+    Backfill,
+    Fleet,
+    Replica,
+    expired,
+)
 from .._operators.ledger import STALLED, Incident
 from .._runtime.clock import Clock, until
 from .._runtime.plan import fold
 from .._runtime.sharing import LIVE, Member
-from .._schedule.job import Job, JobHealth, RunResult, fingerprint
+from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint
 from .._schedule.stored import Schedule
 from .memory_fleet import MemoryFleet, Presence
 from .memory_schedules import MemorySchedules
-from .seam import FIRSTS, NO_STATE, Control, Declared, Diagnosis, FleetState, Watcher
+from .seam import FIRSTS, NO_STATE, Control, Declared, Diagnosis, Fill, FleetState, Watcher
 
 if TYPE_CHECKING:
     import asyncpg
@@ -92,6 +100,8 @@ class MemoryDatabase:
         """The last version of each deleted schedule (a schedule put again goes on from it)."""
         self.schedule_log: list[str] = []
         """The id of each write of a schedule, in order: its number is its index plus one."""
+        self.backfills: dict[int, Backfill] = {}
+        """The backfills operators asked for, by id."""
         self._held: dict[str, _MemoryAttempt] = {}  # job id -> the attempt holding its lock
         self._live: dict[str, _Live] = {}
         self._frozen: dict[str, anyio.Event] = {}  # owner -> set when it thaws
@@ -246,12 +256,21 @@ class MemoryDatabase:
         return members, seen
 
     def controls(self) -> dict[str, Control]:
-        """Every paused or triggered job."""
-        return {
-            job_id: Control(state.paused_at, state.trigger_at)
+        """Every paused or triggered job, and every one with a backfill not done."""
+        filling: dict[str, list[int]] = {}
+        for request in self.backfills.values():
+            if not request.finished:
+                filling.setdefault(request.job_id, []).append(request.id)
+        controls = {
+            job_id: Control(state.paused_at, state.trigger_at, tuple(filling.get(job_id, ())))
             for job_id, state in self.states.items()
             if state.paused_at is not None or state.trigger_at is not None
         }
+        for job_id, requests in filling.items():
+            if job_id not in controls:
+                state = self.states.get(job_id, NO_STATE)
+                controls[job_id] = Control(state.paused_at, state.trigger_at, tuple(requests))
+        return controls
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -323,11 +342,44 @@ class MemoryDatabase:
         self.states[result.job_id] = fold(state, result, counted=job.limit is not None)
         self.recorded(result)
 
+    def filled(self, fill: Fill, result: RunResult) -> None:
+        """A slot of a backfill ran (``result``): kept in the history; a success moves the
+        watermark forward only; the backfill goes on to its next slot."""
+        self.recorded(result)
+        state = self.states.get(result.job_id, NO_STATE)
+        slot = result.slot
+        forward = slot is not None and (state.last_slot is None or state.last_slot < slot)
+        if result.outcome is Outcome.SUCCESS and forward:
+            self.states[result.job_id] = replace(state, last_slot=slot)
+        request = self.backfills[fill.request]
+        done = request.done + 1
+        self.backfills[fill.request] = replace(
+            request, done=done, finished=done >= len(request.slots)
+        )
+
+    def turn(self, fill: Fill) -> bool:
+        """Whether ``fill`` is the slot its backfill runs next."""
+        request = self.backfills.get(fill.request)
+        return request is not None and not request.finished and request.done == fill.index
+
 
 class _MemoryAttempt:
-    __slots__ = ("_db", "acquired", "conn", "fence", "job_id", "lost", "owner", "state")
+    __slots__ = (
+        "_db",
+        "acquired",
+        "conn",
+        "fence",
+        "fill",
+        "job_id",
+        "lost",
+        "owner",
+        "state",
+        "turn",
+    )
 
-    def __init__(self, db: MemoryDatabase, owner: str, job_id: str) -> None:
+    def __init__(
+        self, db: MemoryDatabase, owner: str, job_id: str, fill: Fill | None = None
+    ) -> None:
         self._db = db
         self.owner = owner
         self.job_id = job_id
@@ -339,9 +391,14 @@ class _MemoryAttempt:
         self.fence: int | None = None  # the lock is held for the whole run: no fence needed
         state = db.states.get(job_id)
         self.state = FleetState() if state is None else state
+        self.fill = fill
+        self.turn = self.acquired and fill is not None and db.turn(fill)
 
     async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
         await self._hold()
+        if self.fill is not None:
+            self._db.filled(self.fill, result)
+            return
         # as PostgreSQL's commit: a slot at or before the watermark is refused (a wall clock
         # stepped back, a manual run's "now" before a committed slot), so that no slot commits
         # twice and the watermark never goes back
@@ -372,8 +429,11 @@ class _MemoryAttempt:
         self.acquired = False
 
     async def record_failure(self, result: RunResult, job: Job) -> None:
-        """Count the failure in the fleet's state."""
+        """Count the failure in the fleet's state (a backfill's slot: go on to the next)."""
         await self._db._gate(self.owner)
+        if self.fill is not None:
+            self._db.filled(self.fill, result)
+            return
         self._db.fold(result, job)
 
 
@@ -404,13 +464,18 @@ class MemoryCoordinator:
         return {i: s for i, s in self.db.states.items() if i in jobs}
 
     async def attempt(
-        self, job_id: str, budget: float, at: datetime, replacing: datetime | None = None
+        self,
+        job_id: str,
+        budget: float,
+        at: datetime,
+        replacing: datetime | None = None,
+        fill: Fill | None = None,
     ) -> _MemoryAttempt:
         """Take the job's lock if it is free (one clock: nothing is ahead). ``replacing`` needs
         nothing here: a frozen replica's locks go when it freezes (:meth:`~MemoryDatabase.freeze`),
         and a live one ends its replaced run itself, at the newer slot."""
         await self.db._gate(self.owner)
-        return _MemoryAttempt(self.db, self.owner, job_id)
+        return _MemoryAttempt(self.db, self.owner, job_id, fill)
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:
         """The states of ``job_ids``, and those whose lock is held."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol
 
@@ -13,6 +13,7 @@ import anyio
 from .._operators.fleet import (
     BUILTIN,
     Action,
+    Backfill,
     JobDeclared,
     JobRecord,
     Replica,
@@ -29,6 +30,7 @@ from .._runtime.sharing import Member, owner_of
 from .._schedule import spec as _spec
 from .._schedule.caps import cut_text, shorten_report
 from .._schedule.job import Job, JobHealth, Outcome, RunResult
+from .._schedule.spec import Spec
 from .._schedule.stored import Schedule
 from .seam import Declared, FleetState
 
@@ -57,6 +59,11 @@ class Records(Protocol):
     schedules: dict[str, Schedule]
     deleted: dict[str, int]
     pauses: dict[str, datetime]
+    backfills: dict[int, Backfill]
+
+    def changed(self) -> None:
+        """Tell every replica to look again."""
+        ...
 
     def declarations(self) -> list[Declared]:
         """What each live replica declares."""
@@ -242,6 +249,33 @@ class MemoryFleet:
         db.pauses.pop(job_id, None)
         self._audit(job_id, "forget", note, who, True)
 
+    async def request_backfill(
+        self,
+        job_id: str,
+        slots: Sequence[datetime],
+        pace: float | None,
+        note: str | None,
+        *,
+        who: str,
+    ) -> int:
+        """Ask the replicas that have the job to run ``slots`` of it, in order; audited."""
+        note, who = said(note, who)
+        self._known(job_id)
+        db = self._db
+        request = max(db.backfills, default=0) + 1
+        db.backfills[request] = Backfill(request, job_id, tuple(slots), 0, who, pace, not slots)
+        self._audit(job_id, "backfill", note, who, True)
+        db.changed()
+        return request
+
+    async def spec(self, job_id: str) -> Spec | None:
+        """The job's declaration, as this process knows it."""
+        return self._spec(job_id)
+
+    async def backfill_state(self, request: int) -> Backfill | None:
+        """Backfill ``request`` as it stands."""
+        return self._db.backfills.get(request)
+
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
         """The last ``limit`` operations, newest first (the database keeps the last 1,000)."""
         actions = [a for a in self._db.actions if job_id is None or a.job_id == job_id]
@@ -329,4 +363,5 @@ def _record(run: RunResult, max_text: int | None) -> RunRecord:
         manual=run.manual,
         batches=run.batches,
         capped=run.capped,
+        backfilled_by=run.backfilled_by,
     )

@@ -70,10 +70,22 @@ NO_STATE = FleetState()
 
 
 class Control(NamedTuple):
-    """What operators asked of one job: paused since, and a trigger request not served yet."""
+    """What operators asked of one job: paused since, a trigger request not served yet, and
+    its backfills not done yet (their ids, oldest first)."""
 
     paused_at: datetime | None
     trigger_at: datetime | None
+    backfills: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """One slot of a backfill, as a tick runs it: the ``index``-th of request ``request``."""
+
+    request: int
+    index: int
+    slot: datetime
+    who: str
 
 
 class Declared(NamedTuple):
@@ -98,9 +110,14 @@ class Attempt(Protocol):
     fence: int | None
     """The job's fence once this run committed a batch (``None`` before): see :mod:`._batch`."""
 
+    turn: bool
+    """For a backfill's slot (:class:`Fill`), with the lock: whether it is the slot the
+    backfill runs next (another replica may have run it already)."""
+
     async def commit(self, result: RunResult, job: Job, cursor: str | None = None) -> None:
         """Write the watermark, the success and the run record (and, for a run with batches,
-        the ``cursor`` of its last batch), and commit."""
+        the ``cursor`` of its last batch), and commit. A backfill's slot moves the watermark
+        only forward, and its backfill on."""
         ...
 
     async def commit_batch(self, cursor: str | None) -> None:
@@ -205,13 +222,20 @@ class Coordinator(Protocol):
         ...
 
     async def attempt(
-        self, job_id: str, budget: float, at: datetime, replacing: datetime | None = None
+        self,
+        job_id: str,
+        budget: float,
+        at: datetime,
+        replacing: datetime | None = None,
+        fill: Fill | None = None,
     ) -> Attempt:
         """Begin a tick: try the job's lock and read its state under it. ``at`` (the slot, or
         the tick's start if later) in the database's future is refused before the lock is
         tried (PostgreSQL: :class:`~ticklock._errors.ClockAhead`). ``replacing``: the slot of
         a job whose ``overlap`` is "replace": a run of an older slot that holds the lock
-        (its replica frozen) is ended, rolled back, and the lock taken."""
+        (its replica frozen) is ended, rolled back, and the lock taken. ``fill``: the tick
+        runs a slot of a backfill (its :attr:`Attempt.turn` says whether that slot is next;
+        its commit and failure record advance the backfill)."""
         ...
 
     async def read(self, job_ids: Sequence[str]) -> tuple[dict[str, FleetState], frozenset[str]]:

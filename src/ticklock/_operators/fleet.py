@@ -20,12 +20,13 @@ import getpass
 import json
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .._errors import ScheduleError
+from .._schedule.spec import Spec
 from .._schedule.stored import Schedule
 from .._schedule.validate import hidden, instant
 
@@ -184,11 +185,28 @@ class RunRecord:
     """The batches of ``ctx.batches()`` the run committed (0: it entered none)."""
     capped: bool = False
     """``max_batches`` stopped the run's loop: a backlog was left for the next run."""
+    backfilled_by: str | None = None
+    """The run is a slot of a backfill, asked for by this operator (``None``: not one)."""
 
     @property
     def duration(self) -> float:
         """Seconds from start to end."""
         return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """A backfill an operator asked for: its slots, in order, and how far it got."""
+
+    id: int
+    job_id: str
+    slots: tuple[datetime, ...]
+    done: int
+    """Its slots that ran (or failed): the next one to run is ``slots[done]``."""
+    who: str
+    pace: float | None = None
+    """At most this many slots per second (``None``: one after the other)."""
+    finished: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,4 +548,25 @@ class Fleet(Protocol):
     ) -> list[SlotRecord]:
         """Every slot the job's schedule owed from ``since`` to ``until`` (the latest
         ``limit`` of them), oldest first, each with its fate (see :mod:`.ledger`)."""
+        ...
+
+    async def request_backfill(
+        self,
+        job_id: str,
+        slots: Sequence[datetime],
+        pace: float | None,
+        note: str | None,
+        *,
+        who: str,
+    ) -> int:
+        """Ask the replicas that have the job to run ``slots`` of it, in order (audited as
+        ``backfill`` by ``who``, with ``note``); the request's id."""
+        ...
+
+    async def backfill_state(self, request: int) -> Backfill | None:
+        """Backfill ``request`` as it stands (``None``: not known)."""
+        ...
+
+    async def spec(self, job_id: str) -> Spec | None:
+        """The job's declaration as the records keep it (``None``: they keep none)."""
         ...

@@ -187,19 +187,21 @@ def account(
     ``limit``, at most :data:`LIMIT`), oldest first."""
     limit = max(1, min(limit, LIMIT))
     runs = sorted((r for r in records.runs if r.slot is not None), key=_slot)
-    since, first = _begin(spec, records, runs, since)
-    slots = _owed(spec, runs, since, until, limit, first)
+    # a backfill's runs are their slots' own, and neither plan the schedule nor cover others
+    scheduled = [r for r in runs if r.backfilled_by is None]
+    since, first = _begin(spec, records, scheduled, since)
+    slots = _owed(spec, scheduled, since, until, limit, first)
     own: dict[datetime, list[RunRecord]] = {}
     for run in runs:
         if not run.manual:
             own.setdefault(_slot(run), []).append(run)
-    successes = sorted((r for r in runs if r.outcome == "success"), key=lambda r: r.started_at)
+    successes = sorted((r for r in scheduled if r.outcome == "success"), key=lambda r: r.started_at)
     starts = [r.started_at for r in successes]
     facts = _Facts(spec, records, runs, now)
     jitter = timedelta(seconds=spec.trigger.jitter)
     grace = timedelta(seconds=spec.timeout + spec.overdue_grace) + jitter + TOLERANCE
     on_time = timedelta(seconds=spec.overdue_grace) + jitter
-    done = _completed_at(spec, runs, records.successes)
+    done = _completed_at(spec, scheduled, records.successes)
     ledger = []
     for slot in slots:
         attempts = own.get(slot)
@@ -389,6 +391,8 @@ def _ran(
     reason = facts.cause(slot)[1] if lateness > on_time else None
     for run in attempts:
         if run.outcome == "success":
+            if run.backfilled_by is not None:
+                reason = f"backfilled by {run.backfilled_by}"
             return SlotRecord(slot, Fate.RAN, reason, run, lateness)
     last = max(attempts, key=lambda r: r.finished_at)
     if last.error is not None and last.error.startswith(REPLACED):  # overlap="replace"

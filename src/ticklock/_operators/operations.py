@@ -11,14 +11,17 @@ its open session), so that it looks again at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from .._backends.seam import Session, Views
+from .._schedule.spec import Spec
 from .._schedule.stored import ScheduleStore
+from . import backfill as _backfill
 from .fleet import (
     Action,
+    Backfill,
     Fleet,
     JobRecord,
     Replica,
@@ -38,10 +41,12 @@ class SchedulerFleet:
         namespace: str,
         views: Callable[[], Views],
         session: Callable[[], Session],
+        now: Callable[[], datetime],
     ) -> None:
         self.namespace = namespace
         self._views = views
         self._session = session  # poked after an operation: this replica obeys at once
+        self._now = now  # the scheduler's clock
 
     @property
     def schedules(self) -> ScheduleStore:
@@ -107,6 +112,62 @@ class SchedulerFleet:
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
         """The last ``limit`` operations (of ``job_id``, or of every job), newest first."""
         return await self._fleet().audit(job_id, limit)
+
+    async def backfill(
+        self,
+        job_id: str,
+        since: datetime,
+        until: datetime,
+        *,
+        rerun: bool = False,
+        dry_run: bool = False,
+        pace: float | None = None,
+        who: str | None = None,
+        note: str | None = None,
+    ) -> list[SlotRecord]:
+        """Run the job's slots in ``[since, until)`` after the fact: the trigger's fires (an
+        ``every`` job's: ``since``, then one per interval), also before the job was first
+        declared; without ``rerun`` only those the records do not show committed. The
+        replicas that have the job run them in order, one at a time under its lock, each with
+        ``ctx.slot`` that slot and ``ctx.backfill`` true, recorded as backfilled by ``who``;
+        the watermark never moves back. ``pace``: at most that many slots per second.
+        ``dry_run``: run nothing. Returns each slot with its fate once done (``dry_run``:
+        now). Audited (``who``, default this process's ``user@host``, and ``note``)."""
+        fleet = self._fleet()
+        return await _backfill.backfill(
+            fleet,
+            job_id,
+            since,
+            until,
+            self._now(),
+            rerun=rerun,
+            dry_run=dry_run,
+            pace=pace,
+            who=who or caller(),
+            note=note,
+        )
+
+    async def request_backfill(
+        self,
+        job_id: str,
+        slots: Sequence[datetime],
+        pace: float | None,
+        note: str | None,
+        *,
+        who: str,
+    ) -> int:
+        """Ask the replicas that have the job to run ``slots`` of it (see :meth:`backfill`)."""
+        request = await self._fleet().request_backfill(job_id, slots, pace, note, who=who)
+        self._session().poke()
+        return request
+
+    async def backfill_state(self, request: int) -> Backfill | None:
+        """Backfill ``request`` as it stands."""
+        return await self._fleet().backfill_state(request)
+
+    async def spec(self, job_id: str) -> Spec | None:
+        """The job's declaration as the records keep it."""
+        return await self._fleet().spec(job_id)
 
     async def slots(
         self, job_id: str, since: datetime, until: datetime, *, limit: int = LIMIT

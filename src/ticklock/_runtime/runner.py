@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from .._backends.seam import Attempt, Coordinator, FleetState
+from .._backends.seam import Attempt, Coordinator, Fill, FleetState
 from .._errors import describe
 from .._schedule.caps import bound_error, bound_report, jsonb_text
 from .._schedule.job import Job, JobContext, Outcome, RunResult, replaced
@@ -32,7 +32,7 @@ from . import plan as _plan
 from .batch import Batches
 from .clock import Clock
 from .loop import BLOCKED_WARNING, Dispatcher, Timeout
-from .plan import Busy, Skip
+from .plan import Busy, Run, Skip
 
 T = TypeVar("T")
 
@@ -93,6 +93,7 @@ class _Run:
     cursor: str | None = None  # the JSON text of the last batch's cursor, for the commit
     replaced_at: float | None = None  # monotonic: the next fire, which replaces this run
     replaced_by: datetime | None = None
+    fill: Fill | None = None  # the slot of a backfill this run is
 
     @property
     def committed(self) -> int:
@@ -132,6 +133,12 @@ class _Advance:
         await self.attempt.begin_batch(max(0.001, self.deadline - self.clock.monotonic()))
 
 
+def replacing(job: Job, run: _Run) -> bool:
+    """Whether the next fire ends ``run`` of ``job`` (``overlap="replace"``): a scheduled
+    run of a cron job; never one an operator asked for, nor a backfill's."""
+    return job.overlap == "replace" and not run.manual and run.fill is None
+
+
 class Runner:
     """Runs tick attempts for one scheduler: its coordinator, clock, owner and telemetry."""
 
@@ -160,24 +167,28 @@ class Runner:
         *,
         manual: bool = False,
         attempt: int = 1,
+        fill: Fill | None = None,
     ) -> tuple[RunResult, FleetState | None]:
         """Run one tick of ``job`` for ``slot`` (``None``: the slot the fleet's state gives),
         as its ``attempt``-th attempt; the state is the fleet's as read under the lock (``None``
-        when the lock was not taken).
+        when the lock was not taken). ``fill``: a slot of a backfill (``slot`` is its slot),
+        run if it is that backfill's turn.
 
         ``manual`` runs whatever the schedule says (and whether the job is paused), under the
         same lock, watermark and recording: for ``slot`` (a trigger request's instant, if no
         manual run served it yet), or now if ``slot`` is ``None``.
         """
         if not self.telemetry.tracing():  # no SDK: no span to start
-            return await self._execute(job, slot, fire_at, jitter, manual, attempt, INVALID_SPAN)
+            return await self._execute(
+                job, slot, fire_at, jitter, manual, attempt, INVALID_SPAN, fill
+            )
         with self.telemetry.tracer.start_as_current_span(
             f"ticklock.run {job.id}",
             attributes={JOB_ID: job.id},
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            return await self._execute(job, slot, fire_at, jitter, manual, attempt, span)
+            return await self._execute(job, slot, fire_at, jitter, manual, attempt, span, fill)
 
     async def _execute(
         self,
@@ -188,21 +199,22 @@ class Runner:
         manual: bool,
         number: int,
         span: Span,
+        fill: Fill | None,
     ) -> tuple[RunResult, FleetState | None]:
         clock = self.clock
         started = clock.now()
         deadline = clock.monotonic() + job.timeout
         lateness = None if fire_at is None else (started - fire_at).total_seconds()
-        run = _Run(slot=(slot or started) if manual else slot, manual=manual)
+        run = _Run(slot=(slot or started) if manual else slot, manual=manual, fill=fill)
         attempt: Attempt | None = None
         # a replaced run of an older slot never commits: its tick holds the slot's lock
-        replacing = slot if job.overlap == "replace" and not manual else None
+        replacing = slot if job.overlap == "replace" and not manual and fill is None else None
         try:
             bound = self.dispatcher.bound(deadline)
             with bound as scope:
                 # a slot in the database's future is refused here, before the handler starts
                 at = started if run.slot is None else max(run.slot, started)
-                attempt = await self.coordinator.attempt(job.id, job.timeout, at, replacing)
+                attempt = await self.coordinator.attempt(job.id, job.timeout, at, replacing, fill)
                 await self._hold(job, attempt, run, started, slot, number, deadline, bound)
             now_m = clock.monotonic()
             overran = scope.cancel_called or now_m >= deadline
@@ -220,7 +232,7 @@ class Runner:
             if run.outcome is Outcome.SUCCESS and attempt is not None:
                 result = run.result = self._result(job, run, started)
                 await attempt.commit(result, job, run.cursor)
-                if run.state is not None:
+                if run.state is not None and fill is None:
                     run.state = _plan.fold(run.state, result, counted=job.limit is not None)
         except anyio.get_cancelled_exc_class():
             run.fail(Outcome.CANCELLED, None, "cancelled by shutdown")
@@ -247,7 +259,13 @@ class Runner:
             run.outcome = Outcome.LOCKED
             return
         state = run.state = attempt.state
-        admission = _plan.admit(job, state, requested, number, manual=run.manual, started=started)
+        if run.fill is not None:  # a slot of a backfill: run if it is the backfill's turn
+            turn = attempt.turn and not _plan.busy(state, started)
+            admission: _plan.Admission = Run(run.fill.slot) if turn else Skip("not its turn")
+        else:
+            admission = _plan.admit(
+                job, state, requested, number, manual=run.manual, started=started
+            )
         if isinstance(admission, Busy):  # a batched run holds the job between its batches
             run.outcome = Outcome.LOCKED  # the state read says until when (the planner)
             return
@@ -256,7 +274,7 @@ class Runner:
             return
         run.slot = admission.slot
         assert run.slot is not None
-        if job.overlap == "replace" and not run.manual and isinstance(job.trigger, Cron):
+        if replacing(job, run) and isinstance(job.trigger, Cron):
             fire = job.trigger.next_fire(run.slot)  # the run ends when that fire comes
             if fire is not None:
                 clock = self.clock
@@ -281,6 +299,7 @@ class Runner:
             namespace=self.namespace,
             attempt=1 if run.manual else number,
             args=job.args,
+            backfill=run.fill is not None,
             _batches=open_batches,
         )
         run.executed = True
@@ -354,6 +373,7 @@ class Runner:
             manual=run.manual,
             batches=run.committed + (1 if in_flight else 0),
             capped=success and batches is not None and batches.capped,
+            backfilled_by=None if run.fill is None else run.fill.who,
         )
 
     async def _finish(
@@ -378,7 +398,7 @@ class Runner:
             run.finished_at = None  # a failure ends when its rollback is done
             result = self._result(job, run, started)
         if run.executed and result.outcome is not Outcome.SUCCESS:
-            if run.state is not None:
+            if run.state is not None and run.fill is None:
                 run.state = _plan.fold(run.state, result, counted=job.limit is not None)
             assert attempt is not None  # only an attempt that took the lock executes
             try:

@@ -19,6 +19,7 @@ from .._telemetry import logger
 from .catalog import Catalog
 from .crew import UNOPENED, Crew
 from .cycle import Cycle, drive
+from .fills import Fills
 from .loop import Runs
 from .roster import Roster
 from .runner import Runner
@@ -48,6 +49,7 @@ class Service:
         mode: str,
         builtin: str,
         tasks: Mapping[str, object],
+        fills: Fills,
     ) -> None:
         self._crew = crew
         self._roster = roster
@@ -59,6 +61,7 @@ class Service:
         self._mode = mode
         self._builtin = builtin  # the built-in job's id (said apart in the start line)
         self._tasks = tasks
+        self._fills = fills  # the backfills this replica runs
         crew.coordinator, crew.runner = coordinator, runner
         crew.share = Share(owner, catalog.task_of)  # no view until this run's first heartbeat
         self._disagree: dict[str, tuple[str, ...]] = {}  # replicas declaring a job otherwise
@@ -197,8 +200,15 @@ class Service:
         for job_id in controls:  # a sleeping job operators steer is held from now
             self._roster.wake(job_id)
         for cycle in self._all():
-            cycle.control(*controls.get(cycle.job.id, _NO_CONTROL))
+            control = controls.get(cycle.job.id, _NO_CONTROL)
+            cycle.control(control.paused_at, control.trigger_at)
         self._catalog.beat(controls)
+        for job_id, control in controls.items():
+            if control.backfills:
+                held = self._roster.cycles.get(job_id) or self._catalog.cycles.get(job_id)
+                job = held.job if held is not None else self._roster.jobs.get(job_id)
+                if job is not None and job.enabled:
+                    self._fills.serve(job, control.backfills)
 
     async def members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
         """A new view of the live replicas: each waiting job takes its role in it, a chunk of

@@ -79,6 +79,10 @@ class JobContext:
     """1 for a slot's first attempt, 2 for its first retry, and so on."""
     args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)
     """A stored schedule's ``args`` (read-only); empty for a job declared in code."""
+    backfill: bool = False
+    """This run is a slot of a backfill (:meth:`Fleet.backfill
+    <ticklock._operators.operations.SchedulerFleet.backfill>`): an operator asked for it,
+    after the fact; ``slot`` is that slot."""
     _batches: Batches | Callable[[], Batches] | None = field(
         default=None, repr=False, compare=False
     )
@@ -150,6 +154,8 @@ class RunResult:
     entered them); with a failure, those committed before it."""
     capped: bool = False
     """The run succeeded and ``max_batches`` stopped its loop: a backlog was left."""
+    backfilled_by: str | None = None
+    """Who asked for the backfill this run is a slot of (``None``: not a backfill)."""
 
     @property
     def duration(self) -> float:

@@ -277,14 +277,19 @@ class Watch:
             frozenset(declared.tasks),
         )
         # what operators asked first, as read: the new view's roles take passes of the loop
-        self._apply(
-            {
-                job_id: Control(paused_at, trigger_at)
-                for job_id, paused_at, trigger_at in zip(
-                    row["ids"] or [], row["paused"] or [], row["triggered"] or [], strict=True
-                )
-            }
-        )
+        controls = {
+            job_id: Control(paused_at, trigger_at)
+            for job_id, paused_at, trigger_at in zip(
+                row["ids"] or [], row["paused"] or [], row["triggered"] or [], strict=True
+            )
+        }
+        filling: dict[str, list[int]] = {}
+        for job_id, request in zip(row["fill_jobs"] or [], row["fill_ids"] or [], strict=True):
+            filling.setdefault(job_id, []).append(request)
+        for job_id, requests in filling.items():
+            paused_at, trigger_at, _ = controls.get(job_id, Control(None, None))
+            controls[job_id] = Control(paused_at, trigger_at, tuple(requests))
+        self._apply(controls)
         await self._members({self._owner: me, **others}, seen)
 
     async def _repair(self, why: str) -> None:

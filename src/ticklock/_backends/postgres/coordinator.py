@@ -42,7 +42,7 @@ from ..._runtime.plan import overdue_at
 from ..._schedule import spec as _spec
 from ..._schedule.job import Job, JobHealth, Outcome, fingerprint
 from ..._schedule.lock_key import lock_key
-from ..seam import FUTURE_LIMIT, Diagnosis, FleetState, Watcher
+from ..seam import FUTURE_LIMIT, Diagnosis, Fill, FleetState, Watcher
 from .begin import Begun, Holder, begin, end_stale_holder
 from .control import Watch
 from .database import Database
@@ -310,7 +310,12 @@ class PostgresCoordinator:
         return await self._begin(conn, job_id, budget, at, replacing)
 
     async def attempt(
-        self, job_id: str, budget: float, at: datetime, replacing: datetime | None = None
+        self,
+        job_id: str,
+        budget: float,
+        at: datetime,
+        replacing: datetime | None = None,
+        fill: Fill | None = None,
     ) -> Tick:
         """BEGIN, set the timeouts, refuse a slot in the database's future (``at``: the slot,
         or the tick's start if later), try the lock, and read the job's state under it."""
@@ -344,6 +349,11 @@ class PostgresCoordinator:
             attempt.acquired = True
             attempt.tx = tx
             attempt.state = FleetState(*state)
+            if fill is not None:  # its turn, read under the lock
+                attempt.fill = fill
+                attempt.turn = bool(
+                    await conn.fetchval(self.db.sql.fill_turn, fill.request, fill.index)
+                )
             return attempt
         except BaseException as exc:
             if not answered:

@@ -9,7 +9,7 @@ lock, so an operation made here reaches the whole fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..._operators.fleet import (
     BUILTIN,
     Action,
+    Backfill,
     JobDeclared,
     JobRecord,
     JobState,
@@ -144,7 +145,8 @@ ORDER BY job_id"""
             f"{MARKER_MAX} AND jsonb_typeof(report) = 'object' AND report ? '{MARKER_KEY}') "
             "THEN r.t END AS report, length(r.t) AS report_length, "
             f"left(r.t, {HEAD}) AS report_head, left(error, $5) AS error, "
-            "length(error) AS error_length, manual, batches, capped "
+            "length(error) AS error_length, manual, batches, capped, "
+            f"(SELECT b.who FROM {s}.backfilled AS b WHERE b.run_id = runs.id) AS backfilled_by "
             f"FROM {s}.runs, LATERAL (SELECT report::text AS t) AS r "
             "WHERE namespace = $1 AND job_id = $2 ORDER BY finished_at DESC, id DESC LIMIT $3"
         )
@@ -170,6 +172,17 @@ ORDER BY job_id"""
         )
         self._forever = f"DELETE FROM {s}.pauses WHERE namespace = $1 AND job_id = $2"
         self._audit = audit(s)
+        # a backfill with no slot is done as it is asked for
+        self._backfill = (
+            f"INSERT INTO {s}.backfills (namespace, job_id, slots, pace, who, finished_at) "
+            "VALUES ($1, $2, $3, $4, $5, CASE WHEN cardinality($3::timestamptz[]) = 0 "
+            "THEN now() END) RETURNING id"
+        )
+        self._spec_read = f"SELECT spec::text FROM {s}.jobs WHERE namespace = $1 AND job_id = $2"
+        self._backfill_read = (
+            f"SELECT id, job_id, slots, done, who, pace, finished_at FROM {s}.backfills "
+            "WHERE id = $1"
+        )
         self._actions = (
             f"SELECT job_id, action, who, at, note, changed FROM {s}.audit "
             "WHERE namespace = $1 AND ($2::text IS NULL OR job_id = $2) "
@@ -295,6 +308,7 @@ ORDER BY job_id"""
                 manual=row["manual"],
                 batches=row["batches"],
                 capped=row["capped"],
+                backfilled_by=row["backfilled_by"],
             )
             for row in rows
         ]
@@ -351,6 +365,61 @@ ORDER BY job_id"""
             await conn.execute(self._audit, self.namespace, job_id, "trigger", who, note, changed)
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
         return cast(datetime, at)
+
+    async def request_backfill(
+        self,
+        job_id: str,
+        slots: Sequence[datetime],
+        pace: float | None,
+        note: str | None,
+        *,
+        who: str,
+    ) -> int:
+        """Ask the replicas that have the job to run ``slots`` of it, in order (they hear of
+        it at once); refused (``KeyError``) when no live replica declares it enabled, as a
+        trigger is. Audited."""
+        note, who = said(note, who)
+        self._storable(job_id)
+        async with self._acquire() as conn, conn.transaction():
+            _, enabled, _ = await self._declaration(conn, job_id)
+            if not enabled:
+                raise KeyError(
+                    f"no live replica runs job {job_id!r} (it is not declared, or declared "
+                    "with enabled=False), so none would run its backfill"
+                )
+            request = await conn.fetchval(
+                self._backfill,
+                self.namespace,
+                job_id,
+                list(slots),
+                pace,
+                who,
+            )
+            await conn.execute(self._audit, self.namespace, job_id, "backfill", who, note, True)
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
+        return cast(int, request)
+
+    async def spec(self, job_id: str) -> _spec.Spec | None:
+        """The job's declaration as the records keep it."""
+        async with self._acquire() as conn:
+            text = await conn.fetchval(self._spec_read, self.namespace, job_id)
+        return None if text is None else _spec.from_json(json.loads(text))
+
+    async def backfill_state(self, request: int) -> Backfill | None:
+        """Backfill ``request`` as it stands."""
+        async with self._acquire() as conn:
+            row = await conn.fetchrow(self._backfill_read, request)
+        if row is None:
+            return None
+        return Backfill(
+            row["id"],
+            row["job_id"],
+            tuple(row["slots"]),
+            row["done"],
+            row["who"],
+            row["pace"],
+            row["finished_at"] is not None,
+        )
 
     async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:
         """Delete the job's state and history, under its lock. Audited (its operations stay

@@ -44,7 +44,8 @@ class LedgerReader:
             f"AND jsonb_typeof(report) = 'object' AND report ? '{MARKER_KEY}') THEN r.t END "
             f"AS report, length(r.t) AS report_length, left(r.t, {HEAD}) AS report_head, "
             f"left(error, {TEXT}) AS error, length(error) AS error_length, "
-            "manual, batches, capped"
+            "manual, batches, capped, "
+            f"(SELECT b.who FROM {s}.backfilled AS b WHERE b.run_id = runs.id) AS backfilled_by"
         )
         text = "LATERAL (SELECT report::text AS t OFFSET 0) AS r"
         runs = f"SELECT {columns} FROM {s}.runs, {text} {where}"
@@ -167,4 +168,5 @@ def _run(row: asyncpg.Record) -> RunRecord:
         manual=row["manual"],
         batches=row["batches"],
         capped=row["capped"],
+        backfilled_by=row["backfilled_by"],
     )

@@ -26,7 +26,7 @@ from ..._schedule.lock_key import lock_key
 if TYPE_CHECKING:
     import asyncpg
 
-VERSION = 11
+VERSION = 12
 _TABLES = (
     "schema_version",
     "jobs",
@@ -40,6 +40,8 @@ _TABLES = (
     "counts",
     "pauses",
     "firsts",
+    "backfills",
+    "backfilled",
 )
 CHECKED = tuple(t for t in _TABLES if t not in ("schema_version", "schedule_log"))
 """The tables on which a starting scheduler checks that it may select, insert, update and
@@ -222,6 +224,28 @@ CREATE TABLE IF NOT EXISTS {s}.firsts (
     fingerprints text[] NOT NULL,
     PRIMARY KEY (namespace, job_id)
 );""",
+        # the backfills operators asked for: their slots, and how many ran (see .fleet)
+        "backfills": f"""
+CREATE TABLE IF NOT EXISTS {s}.backfills (
+    id bigserial PRIMARY KEY,
+    namespace text NOT NULL,
+    job_id text NOT NULL,
+    slots timestamptz[] NOT NULL,
+    done integer NOT NULL DEFAULT 0,
+    pace float8,
+    who text NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS backfills_open ON {s}.backfills (namespace)
+    WHERE finished_at IS NULL;""",
+        # the runs that were slots of a backfill, and who asked for it
+        "backfilled": f"""
+CREATE TABLE IF NOT EXISTS {s}.backfilled (
+    run_id bigint PRIMARY KEY,
+    request bigint NOT NULL,
+    who text NOT NULL
+);""",
         "seals": f"""
 CREATE TABLE IF NOT EXISTS {s}.seals (seal bytea PRIMARY KEY);
 CREATE OR REPLACE FUNCTION {s}.seal_check() RETURNS trigger LANGUAGE plpgsql
@@ -292,6 +316,8 @@ def upgrades(schema: str) -> dict[int, str]:
         # a job's limit and a pause until an instant: the counts and pauses tables come with
         # migration() (no DDL on a table a run holds)
         10: "",
+        # backfills: the backfills and backfilled tables come with migration()
+        11: "",
     }
 
 

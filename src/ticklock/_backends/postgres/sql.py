@@ -207,6 +207,50 @@ WITH guard AS (
 )
 SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
     $13::boolean AND {PREPARED}, fenced FROM guard"""
+        # A slot of a backfill ($9: the request, $10: its index) is its turn under the job's
+        # lock; its commit records the run as backfilled by $11, moves the watermark only
+        # forward and the backfill on, under the same checks as a tick's commit
+        self.fill_turn = (
+            f"SELECT EXISTS (SELECT FROM {s}.backfills WHERE id = $1 AND done = $2 "
+            "AND finished_at IS NULL)"
+        )
+        advance = (
+            f"UPDATE {s}.backfills SET done = done + 1, finished_at = CASE "
+            "WHEN done + 1 >= cardinality(slots) THEN now() END "
+            "WHERE id = $9 AND done = $10 AND finished_at IS NULL"
+        )
+        self.fill_commit = f"""
+WITH guard AS (
+    SELECT now() = $12::timestamptz AS same_tx, {bounded("$13")} AS bounded,
+        extract(epoch FROM $4::timestamptz - greatest(clock_timestamp(), $14::timestamptz))
+            AS ahead
+), p AS (
+    {advance} AND (SELECT same_tx AND bounded AND ahead <= {FUTURE_LIMIT} FROM guard)
+    RETURNING 1
+), j AS (
+    UPDATE {s}.jobs SET last_slot = $3, updated_at = now()
+    WHERE namespace = $1 AND job_id = $2 AND (last_slot IS NULL OR last_slot < $3)
+        AND EXISTS (SELECT FROM p)
+), r AS (
+    INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
+        report, manual, batches, capped)
+    SELECT $1, $2, $3, $5, $4, 'success', $6, $7::text::jsonb, false, $8, false FROM p
+    RETURNING id
+), b AS (
+    INSERT INTO {s}.backfilled (run_id, request, who) SELECT id, $9, $11 FROM r
+), sealed AS (
+    DELETE FROM {s}.seals WHERE seal = $15::bytea
+)
+SELECT (SELECT count(*) FROM p)::int, same_tx, bounded, ahead::float8,
+    $16::boolean AND {PREPARED} FROM guard"""
+        # a slot of a backfill that did not commit: recorded, and the backfill goes on
+        self.fill_failure = f"""
+WITH p AS ({advance} RETURNING 1), r AS (
+    INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
+        error, manual, batches)
+    VALUES ($1, $2, $3, $5, $4, $6, $7, $8, false, $12) RETURNING id
+)
+INSERT INTO {s}.backfilled (run_id, request, who) SELECT id, $9, $11 FROM r"""
         # A batch of a batched run commits its cursor under the job's lock and fence. The
         # first one ($5 IS NULL) takes the job: it moves the fence and holds the job until
         # the run's start on the database's clock plus its budget and a grace ($6 ms, see
@@ -268,13 +312,15 @@ WITH beat AS (
 ), steered AS (
     SELECT job_id, paused_at, trigger_at FROM {s}.jobs
     WHERE namespace = $1 AND (paused_at IS NOT NULL OR trigger_at IS NOT NULL)
+), fills AS (
+    SELECT id, job_id FROM {s}.backfills WHERE namespace = $1 AND finished_at IS NULL
 ), live AS (
     SELECT owner, declared_at, seen_at FROM {s}.replicas
     WHERE namespace = $1 AND owner <> $2 AND seen_at > now() - $5::float8 * interval '1 s'
         AND seen_at > started_at
 )
 SELECT beat.inserted, beat.started_at, s.ids, s.paused, s.triggered, l.owners, l.declared,
-    l.seen, to_regclass({literal(s + ".runs")}) IS NOT NULL
+    l.seen, f.fill_jobs, f.fill_ids, to_regclass({literal(s + ".runs")}) IS NOT NULL
         AND to_regclass({literal(s + ".schema_version")}) IS NOT NULL AS whole
 FROM beat,
     (SELECT array_agg(job_id ORDER BY job_id) AS ids,
@@ -282,7 +328,9 @@ FROM beat,
         array_agg(trigger_at ORDER BY job_id) AS triggered FROM steered) AS s,
     (SELECT array_agg(owner ORDER BY owner) AS owners,
         array_agg(declared_at ORDER BY owner) AS declared,
-        array_agg(seen_at ORDER BY owner) AS seen FROM live) AS l"""
+        array_agg(seen_at ORDER BY owner) AS seen FROM live) AS l,
+    (SELECT array_agg(job_id ORDER BY id) AS fill_jobs, array_agg(id ORDER BY id) AS fill_ids
+        FROM fills) AS f"""
         self.declared = (
             f"SELECT owner, jobs, fingerprints, failing, started_at, declared_at, tasks "
             f"FROM {s}.replicas WHERE namespace = $1 AND owner = ANY($2::text[])"

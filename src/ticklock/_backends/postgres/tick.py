@@ -43,7 +43,7 @@ from ..._runtime.plan import next_due, overdue_at
 from ..._schedule.caps import ERROR_LIMIT, cut_text
 from ..._schedule.job import Job, RunResult
 from ..._schedule.lock_key import lock_key
-from ..seam import FUTURE_LIMIT, FleetState
+from ..seam import FUTURE_LIMIT, Fill, FleetState
 from . import database
 from .begin import begin_batch, sealed_commit
 from .connection import ConnectionLease
@@ -86,6 +86,8 @@ class Tick:
         "conn",
         "state",
         "_token",
+        "fill",
+        "turn",
     )
 
     def __init__(
@@ -109,6 +111,8 @@ class Tick:
         self.acquired = False
         self.state = FleetState()
         self._token = secrets.token_hex(16)  # the current transaction's: see the module
+        self.fill: Fill | None = None  # the slot of a backfill this tick runs
+        self.turn = False  # with the lock: whether that slot is the backfill's next
 
     @property
     def seal(self) -> bytes:
@@ -225,14 +229,17 @@ class Tick:
         report = None if result.report is None else json.dumps(result.report)
         with self._db.shielded():
             try:
-                await self._write(
-                    result,
-                    report,
-                    overdue_at(job, result.finished_at),
-                    next_due(job, result),
-                    cursor,
-                    job.limit is not None,
-                )
+                if self.fill is not None:
+                    await self._write_fill(result, report, self.fill)
+                else:
+                    await self._write(
+                        result,
+                        report,
+                        overdue_at(job, result.finished_at),
+                        next_due(job, result),
+                        cursor,
+                        job.limit is not None,
+                    )
             except Exception as exc:
                 self._db.lost(exc)
                 raise
@@ -301,6 +308,49 @@ class Tick:
             await self.con.execute(sealed_commit(self._token))
         self.open = False
 
+    async def _write_fill(self, result: RunResult, report: str | None, fill: Fill) -> None:
+        """Commit a slot of a backfill: its run, marked so, the watermark moved forward only,
+        and the backfill on to its next slot."""
+        assert self.con is not None
+        c = self._db
+        row = await self._checked(
+            c.sql.fill_commit,
+            c.namespace,
+            self._job_id,
+            result.slot,
+            result.finished_at,
+            result.started_at,
+            result.owner,
+            report,
+            result.batches,
+            fill.request,
+            fill.index,
+            fill.who,
+            self.tx,
+            self._limit_ms,
+            c.anchor(),
+            self.seal,
+            self._lease.used,
+        )
+        assert row is not None  # the statement returns one row
+        written, same_tx, bounded, ahead, prepared = row
+        self._check(same_tx, bounded)
+        if ahead > FUTURE_LIMIT:
+            raise ClockAhead(
+                f"this replica's clock is {ahead:.1f} s ahead of the database's: nothing was "
+                "committed. Synchronise the replica's clock (NTP)"
+            )
+        if written != 1:
+            raise SlotAlreadyCommitted(
+                f"slot {result.slot} of {self._job_id} was run by another replica's backfill"
+            )
+        if self._lease.used:
+            self._lease.retire |= prepared
+            await self.con.execute(self._db.reset() + sealed_commit(self._token))
+        else:
+            await self.con.execute(sealed_commit(self._token))
+        self.open = False
+
     async def _checked(self, statement: str, *args: object) -> asyncpg.Record | None:
         """The row of a commit statement; a transaction the handler made read-only (which
         the server refuses the statement in) raises :class:`TransactionChanged`."""
@@ -352,23 +402,40 @@ class Tick:
         c = self._db
         with c.shielded() as scope:
             async with c.connection() as conn:
-                await conn.execute(
-                    c.sql.failure,
-                    c.namespace,
-                    result.job_id,
-                    result.slot,
-                    result.finished_at,
-                    result.started_at,
-                    result.outcome.value,
-                    result.owner,
-                    None if result.error is None else storable(result.error),
-                    result.manual,
-                    next_due(job, result),
-                    c.anchor(),
-                    self.fence,
-                    result.batches,
-                    overdue_at(job, result.finished_at),
-                )
+                if self.fill is not None:
+                    await conn.execute(
+                        c.sql.fill_failure,
+                        c.namespace,
+                        result.job_id,
+                        result.slot,
+                        result.finished_at,
+                        result.started_at,
+                        result.outcome.value,
+                        result.owner,
+                        None if result.error is None else storable(result.error),
+                        self.fill.request,
+                        self.fill.index,
+                        self.fill.who,
+                        result.batches,
+                    )
+                else:
+                    await conn.execute(
+                        c.sql.failure,
+                        c.namespace,
+                        result.job_id,
+                        result.slot,
+                        result.finished_at,
+                        result.started_at,
+                        result.outcome.value,
+                        result.owner,
+                        None if result.error is None else storable(result.error),
+                        result.manual,
+                        next_due(job, result),
+                        c.anchor(),
+                        self.fence,
+                        result.batches,
+                        overdue_at(job, result.finished_at),
+                    )
         if scope.cancelled_caught:
             raise TimeoutError(f"the record did not finish within {database.CLEANUP_SECONDS:g} s")
 

@@ -173,11 +173,11 @@ async def history(args: argparse.Namespace) -> int:
 
 async def pause(args: argparse.Namespace) -> int:
     """Pause a job fleet-wide (until ``--until``, if given)."""
-    note = _note(args)
+    note = note_of(args)
     until = _until(args)
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.pause(args.job, note, until, who=_who())
+            changed = await fleet.pause(args.job, note, until, who=who())
         except KeyError as exc:
             return refused(exc)
     then = "" if until is None else f" until {iso(until)}, when it resumes by itself"
@@ -203,10 +203,10 @@ def _until(args: argparse.Namespace) -> datetime | None:
 
 async def resume(args: argparse.Namespace) -> int:
     """Resume a paused job fleet-wide."""
-    note = _note(args)
+    note = note_of(args)
     async with open_fleet(args) as fleet:
         try:
-            changed = await fleet.resume(args.job, note, who=_who())
+            changed = await fleet.resume(args.job, note, who=who())
         except KeyError as exc:
             return refused(exc)
     if not changed:
@@ -218,10 +218,10 @@ async def resume(args: argparse.Namespace) -> int:
 
 async def trigger(args: argparse.Namespace) -> int:
     """Ask the fleet for one run of a job now."""
-    note = _note(args)
+    note = note_of(args)
     async with open_fleet(args) as fleet:
         try:
-            at = await fleet.trigger(args.job, note, who=_who())
+            at = await fleet.trigger(args.job, note, who=who())
         except KeyError as exc:
             return refused(exc)
     print(
@@ -233,17 +233,17 @@ async def trigger(args: argparse.Namespace) -> int:
 
 async def forget(args: argparse.Namespace) -> int:
     """Delete the state and history of a job no live replica declares."""
-    note = _note(args)
+    note = note_of(args)
     async with open_fleet(args) as fleet:
         try:
-            await fleet.forget(args.job, note, who=_who())
+            await fleet.forget(args.job, note, who=who())
         except (KeyError, JobDeclared) as exc:
             return refused(exc)
     print(f"ticklock: forgot {args.job!r}: its state and history are deleted")
     return EXIT_OK
 
 
-def _note(args: argparse.Namespace) -> str | None:
+def note_of(args: argparse.Namespace) -> str | None:
     """``--note``, checked before anything is asked of the database."""
     try:
         return checked(args.note, "--note")
@@ -251,7 +251,7 @@ def _note(args: argparse.Namespace) -> str | None:
         raise CommandError(str(exc)) from None
 
 
-def _who() -> str:
+def who() -> str:
     """Who the CLI acts for in the audit log: its user and host."""
     return f"{caller()} (cli)"
 

@@ -6,10 +6,12 @@ import argparse
 import re
 from datetime import datetime, timedelta, timezone
 
+from ..._errors import ScheduleError
 from ..._schedule.validate import visible
+from .. import backfill as _backfill
 from ..fleet import Fate, SlotRecord, json_text, slots_json
 from .errors import EXIT_OK, CommandError
-from .fleet import one_line, open_fleet, refused, when
+from .fleet import note_of, one_line, open_fleet, refused, when, who
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -95,3 +97,50 @@ def _late(slot: SlotRecord) -> str:
         return f"{minutes} min"
     days, hours = divmod(hours, 24)
     return f"{days} d {hours} h" if days else f"{hours} h {minutes} min"
+
+
+async def backfill(args: argparse.Namespace) -> int:
+    """Run the job's slots in ``[--since, --until)`` after the fact (``--dry-run``: list each
+    slot and its fate, and run nothing)."""
+    now = datetime.now(timezone.utc)
+    since = instant(args.since, now, "--since")
+    until = now if args.until is None else instant(args.until, now, "--until")
+    if args.pace is not None and args.pace <= 0:
+        raise CommandError(f"--pace must be a positive number of slots per second, got {args.pace}")
+    async with open_fleet(args) as fleet:
+        try:
+            ledger = await _backfill.backfill(
+                fleet,
+                args.job,
+                since,
+                until,
+                now,
+                rerun=args.rerun,
+                dry_run=args.dry_run,
+                pace=args.pace,
+                who=who(),
+                note=note_of(args),
+            )
+        except (KeyError, ValueError) as exc:
+            if isinstance(exc, ScheduleError):
+                raise CommandError(str(exc)) from None
+            return refused(exc)
+    runs = [s for s in ledger if args.rerun or s.fate not in _backfill.COMMITTED]
+    if args.dry_run:
+        print(
+            f"backfill of {args.job!r} from {when(since)} to {when(until)} would run "
+            f"{len(runs)} of its {len(ledger)} slots (a dry run: nothing ran)"
+        )
+    else:
+        print(f"backfilled {args.job!r} from {when(since)} to {when(until)}: {len(ledger)} slots")
+    print(f"{'slot':<25}  {'fate':<9}  {'run':<25}  {'owner':<20}  why")
+    for slot in ledger:
+        run = slot.run
+        error = run.error if run is not None and run.slot == slot.slot else None
+        why = "; ".join(text for text in (slot.reason, error) if text)
+        print(
+            f"{when(slot.slot):<25}  {slot.fate.value:<9}  "
+            f"{when(run.started_at) if run else '-':<25}  "
+            f"{visible(run.owner) if run else '-':<20}  {one_line(why, 100)}"
+        )
+    return EXIT_OK

@@ -31,6 +31,11 @@ _COMMANDS = (
     ),
     ("history", "show a job's last runs, newest first", fleet.history),
     ("slots", "show every slot a job's schedule owed, and what happened to it", ledger.slots),
+    (
+        "backfill",
+        "run a job's past slots after the fact on the replicas that have it",
+        ledger.backfill,
+    ),
     ("pause", "pause a job on every replica (a run in flight finishes)", fleet.pause),
     ("resume", "resume a paused job", fleet.resume),
     ("trigger", "ask the fleet to run a job once, now", fleet.trigger),
@@ -47,6 +52,7 @@ _ON_DATABASE = {
     "status",
     "history",
     "slots",
+    "backfill",
     "pause",
     "resume",
     "trigger",
@@ -55,8 +61,8 @@ _ON_DATABASE = {
     "migrate",
     "dashboard",
 }
-_ON_JOB = ("history", "slots", "pause", "resume", "trigger", "forget")
-_AUDITED = ("pause", "resume", "trigger", "forget")
+_ON_JOB = ("history", "slots", "backfill", "pause", "resume", "trigger", "forget")
+_AUDITED = ("backfill", "pause", "resume", "trigger", "forget")
 
 
 _GLOBAL = ("dsn", "schema", "namespace")  # the options also taken before the command
@@ -175,6 +181,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     slots.add_argument(
         "--all", action="store_true", help="show the slots that ran too (default: the others)"
+    )
+    backfill = commands["backfill"]
+    backfill.add_argument(
+        "--since",
+        required=True,
+        help="the window's start (inclusive): a duration back from now (90m, 24h, 7d) or an "
+        "ISO 8601 instant (UTC unless it names an offset); no default: it is required",
+    )
+    backfill.add_argument(
+        "--until", default=None, help="the window's end (exclusive), as --since (default: now)"
+    )
+    backfill.add_argument(
+        "--rerun", action="store_true", help="run the slots already committed too"
+    )
+    backfill.add_argument(
+        "--dry-run", action="store_true", help="list each slot and its fate; run nothing"
+    )
+    backfill.add_argument(
+        "--pace",
+        type=float,
+        default=None,
+        help="at most this many slots per second (default: one after the other)",
     )
     dashboard = commands["dashboard"]
     dashboard.add_argument(

@@ -9,7 +9,7 @@ from ..fleet import json_text, schedule_json
 from ..schedules import MAX_PAGE
 from .app import label
 from .errors import EXIT_NOT_OK, EXIT_OK, CommandError
-from .fleet import _note, _who, open_fleet, when
+from .fleet import note_of, open_fleet, when, who
 
 
 async def schedules(args: argparse.Namespace) -> int:
@@ -49,9 +49,9 @@ async def schedules(args: argparse.Namespace) -> int:
 async def _delete(args: argparse.Namespace) -> int:
     if args.id is None:
         raise CommandError("schedules delete needs the schedule's ID")
-    note = _note(args)
+    note = note_of(args)
     async with open_fleet(args) as fleet:
-        deleted = await fleet.schedules.delete(args.id, who=_who(), note=note)
+        deleted = await fleet.schedules.delete(args.id, who=who(), note=note)
     if not deleted:
         print(f"ticklock: no stored schedule {label(args.id)} in namespace {args.namespace!r}")
         return EXIT_NOT_OK

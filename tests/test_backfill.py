@@ -1,0 +1,171 @@
+"""``fleet.backfill``: a window of a job's slots run after the fact, by the replicas that have
+the job, one at a time under its lock, with ``ctx.slot`` each slot and ``ctx.backfill`` true;
+only those the records do not show committed (unless ``rerun``); previewed by ``dry_run``;
+paced; audited and recorded as backfilled by whom; the watermark never moves back. On a
+:class:`ManualClock` here; across replica processes on PostgreSQL in
+``tests/test_backfill_pg.py``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import at
+from ticklock import JobContext, ScheduleError, Scheduler, cron, every
+from ticklock._operators.fleet import Fate
+from ticklock.testing import ManualClock, MemoryDatabase
+
+pytestmark = pytest.mark.anyio
+
+T0 = at("2026-03-29T00:00Z")
+
+
+def hour(value: datetime) -> float:
+    return (value - T0).total_seconds() / 3600
+
+
+async def hourly(**options: Any) -> tuple[Scheduler, ManualClock, list[tuple[float, bool]]]:
+    """An hourly job whose runs of 02:00 and 03:00 failed; it ran until 05:30."""
+    clock = ManualClock(T0 - timedelta(minutes=30))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase(), owner="a")
+    seen: list[tuple[float, bool]] = []
+    broken = {2.0, 3.0}
+
+    @scheduler.job(cron("0 * * * *"), id="report", catch_up=False, **options)
+    async def report(ctx: JobContext) -> None:
+        seen.append((hour(ctx.slot), ctx.backfill))
+        if hour(ctx.slot) in broken and not ctx.backfill:
+            raise RuntimeError("the warehouse was down")
+
+    await scheduler.__aenter__()
+    await clock.advance(6 * 3600)
+    return scheduler, clock, seen
+
+
+async def test_a_backfill_runs_only_the_slots_not_committed_in_order_and_marks_them() -> None:
+    scheduler, clock, seen = await hourly()
+    try:
+        fleet = scheduler.fleet
+        preview = await fleet.backfill("report", T0, T0 + timedelta(hours=5), dry_run=True)
+        assert [(hour(r.slot), r.fate) for r in preview] == [
+            (0, Fate.RAN),
+            (1, Fate.RAN),
+            (2, Fate.FAILED),
+            (3, Fate.FAILED),
+            (4, Fate.RAN),
+        ]
+        seen.clear()
+        [before] = scheduler.health()
+        done = await fleet.backfill(
+            "report", T0, T0 + timedelta(hours=5), who="ops@example", note="warehouse back"
+        )
+        assert seen == [(2, True), (3, True)]  # in order, only those not committed
+        assert [(hour(r.slot), r.fate) for r in done] == [
+            (h, Fate.RAN) for h in (0.0, 1.0, 2.0, 3.0, 4.0)
+        ]
+        assert [r.reason for r in done[2:4]] == ["backfilled by ops@example"] * 2
+        assert done[2].run is not None and done[2].run.backfilled_by == "ops@example"
+        [after] = scheduler.health()
+        assert after.last_success == before.last_success  # the watermark did not move back
+        state = scheduler._roster.cycles.get("report")
+        assert state is None or state.state is None or hour(state.state.last_slot or T0) == 5
+        [action] = [a for a in await fleet.audit("report") if a.action == "backfill"]
+        assert action.who == "ops@example" and action.note is not None
+        assert "2 slots" in action.note and action.note.endswith("; warehouse back")
+        # idempotent: nothing is left to run
+        seen.clear()
+        again = await fleet.backfill("report", T0, T0 + timedelta(hours=5))
+        assert seen == [] and [r.fate for r in again] == [Fate.RAN] * 5
+        # rerun: every slot of the window again
+        await fleet.backfill("report", T0, T0 + timedelta(hours=2), rerun=True)
+        assert seen == [(0, True), (1, True)]
+    finally:
+        await scheduler.__aexit__(None, None, None)
+
+
+async def test_a_backfill_reaches_before_the_job_was_declared() -> None:
+    scheduler, clock, seen = await hourly()
+    try:
+        seen.clear()
+        done = await scheduler.fleet.backfill(
+            "report", T0 - timedelta(hours=3), T0 - timedelta(hours=1), who="ops"
+        )
+        assert seen == [(-3, True), (-2, True)]
+        assert [(hour(r.slot), r.fate, r.reason) for r in done] == [
+            (-3, Fate.RAN, "backfilled by ops"),
+            (-2, Fate.RAN, "backfilled by ops"),
+        ]
+        ledger = await scheduler.fleet.slots("report", T0 - timedelta(hours=4), clock.now())
+        assert min(r.slot for r in ledger) >= T0 - timedelta(minutes=30)  # nothing more owed
+    finally:
+        await scheduler.__aexit__(None, None, None)
+
+
+async def test_pace_spaces_the_slots_on_the_schedulers_clock() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+    started: list[datetime] = []
+
+    @scheduler.job(every(3600), id="sync")
+    async def sync(ctx: JobContext) -> None:
+        if ctx.backfill:
+            started.append(clock.now())
+
+    done = anyio.Event()
+
+    async def backfill() -> None:
+        await scheduler.fleet.backfill("sync", T0 - timedelta(hours=3), T0, pace=0.5, who="ops")
+        done.set()
+
+    async with scheduler, anyio.create_task_group() as tg:
+        tg.start_soon(backfill)
+        while not done.is_set():  # the clock moves on while the replica paces the slots
+            await clock.advance(0.25)
+            await anyio.sleep(0.005)
+    assert len(started) == 3
+    gaps = [(b - a).total_seconds() for a, b in zip(started, started[1:], strict=False)]
+    assert all(gap >= 2.0 for gap in gaps), gaps
+
+
+async def test_an_every_backfill_runs_one_slot_per_interval_from_since() -> None:
+    clock = ManualClock(T0)
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+    slots: list[datetime] = []
+
+    @scheduler.job(every(600), id="sync")
+    async def sync(ctx: JobContext) -> None:
+        if ctx.backfill:
+            slots.append(ctx.slot)
+
+    async with scheduler:
+        since = T0 - timedelta(hours=1)
+        await scheduler.fleet.backfill("sync", since, since + timedelta(minutes=25))
+    assert slots == [since + timedelta(minutes=m) for m in (0, 10, 20)]
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "options", "field"),
+    [
+        (datetime(2026, 3, 28), T0, {}, "since"),  # naive
+        (T0, T0 - timedelta(hours=1), {}, "until"),
+        (T0, T0 + timedelta(days=1), {}, "until"),  # the future
+        (T0 - timedelta(hours=2), T0, {"pace": 0}, "pace"),
+    ],
+)
+async def test_bad_backfill_input_names_the_job_and_field(
+    since: datetime, until: datetime, options: dict[str, Any], field: str
+) -> None:
+    clock = ManualClock(T0 + timedelta(hours=1))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+
+    @scheduler.job(cron("0 * * * *"), id="report")
+    async def report(ctx: JobContext) -> None:
+        pass
+
+    async with scheduler:
+        with pytest.raises(ScheduleError) as caught:
+            await scheduler.fleet.backfill("report", since, until, **options)
+    assert caught.value.job_id == "report" and caught.value.field == field
