@@ -169,3 +169,26 @@ async def test_bad_backfill_input_names_the_job_and_field(
         with pytest.raises(ScheduleError) as caught:
             await scheduler.fleet.backfill("report", since, until, **options)
     assert caught.value.job_id == "report" and caught.value.field == field
+
+
+async def test_an_edit_of_a_stored_schedule_is_in_the_ledger_from_the_first_slot_after_it() -> None:
+    clock = ManualClock(T0 + timedelta(minutes=1))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+
+    @scheduler.task("report")
+    async def report(ctx: JobContext) -> None:
+        pass
+
+    await scheduler.schedules.put("s1", task="report", trigger=cron("0 * * * *"), who="bob")
+    async with scheduler:
+        await clock.advance(2.5 * 3600)  # 01:00 and 02:00 ran under v1
+        await scheduler.schedules.put(
+            "s1", task="report", trigger=cron("30 * * * *"), who="alice", note="half past"
+        )
+        await clock.advance(2 * 3600)  # 03:30 and 04:30 under v2
+        await scheduler.schedules.put(
+            "s1", task="report", trigger=cron("30 * * * *"), who="carol"
+        )  # changes nothing: no version
+        ledger = await scheduler.fleet.slots("s1", T0, clock.now())
+    changes = [(hour(r.slot), r.change) for r in ledger if r.change]
+    assert changes == [(3.5, "definition v2 effective from this slot, by alice")]

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from helpers import add_lock_holder, at, eventually
-from ticklock import JobContext, Outcome, Scheduler, every
+from ticklock import JobContext, Outcome, Scheduler, cron, every
 from ticklock.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -257,3 +257,40 @@ async def test_a_logged_traceback_starts_at_the_handler_and_an_every_slot_at_the
     (event,) = span.events
     stack = str((event.attributes or {})["exception.stacktrace"])
     assert "runner.py" in stack and "_fails_deeper" in stack
+
+
+async def test_the_slot_counters_count_skips_by_reason_replacements_and_backfills(
+    otel: Otel,
+) -> None:
+    clock = ManualClock(T0 + timedelta(seconds=30))
+    scheduler = Scheduler(
+        clock=clock, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+    )
+
+    def minute(ctx: JobContext) -> float:
+        return (ctx.slot - T0).total_seconds() / 60
+
+    async def long_first(ctx: JobContext) -> None:  # the run of 00:01 takes 150 s
+        if minute(ctx) == 1 and not ctx.backfill:
+            await clock.sleep_until(clock.monotonic() + 150)
+
+    scheduler.add(long_first, cron("* * * * *"), id="skip", timeout=600, overlap="skip")
+    scheduler.add(long_first, cron("* * * * *"), id="replace", timeout=600, overlap="replace")
+    async with scheduler:
+        await clock.advance(6 * 60)
+        await scheduler.fleet.backfill("skip", T0 - timedelta(minutes=2), T0)
+
+    def total(name: str, **attributes: str) -> int:
+        wanted = {"ticklock.job.id": attributes.pop("job")} | {
+            f"ticklock.slot.{k}": v for k, v in attributes.items()
+        }
+        return sum(p.value for p in otel.points(name) if dict(p.attributes) == wanted)
+
+    # skip: 00:02 and 00:03 came while 00:01 ran
+    assert (
+        total("ticklock.slots.skipped", job="skip", reason="the run before was still running") == 2
+    )
+    assert total("ticklock.slots.missed", job="skip") == 0
+    # replace: 00:01 was replaced at 00:02
+    assert total("ticklock.slots.skipped", job="replace", reason="replaced") == 1
+    assert total("ticklock.slots.backfilled", job="skip") == 2

@@ -18,7 +18,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, Status, StatusCode
 
-from ._schedule.job import Job, Outcome, RunResult
+from ._schedule.job import REPLACED, Job, Outcome, RunResult
 from ._schedule.triggers import Every
 
 if TYPE_CHECKING:
@@ -38,6 +38,10 @@ _QUIET = frozenset({Outcome.LOCKED, Outcome.SKIPPED})
 _LEVELS = dict.fromkeys(_ERRORS, logging.ERROR) | dict.fromkeys(_QUIET, logging.DEBUG)
 _TRACED = frozenset({Outcome.FAILURE, Outcome.TIMEOUT})
 _UNCOUNTED = frozenset({Outcome.LOCKED, Outcome.SKIPPED, Outcome.CANCELLED})
+REASON = "ticklock.slot.reason"
+OVERLAPPED = "the run before was still running"
+REPLACED_REASON = "replaced"
+OUTSIDE = "outside the catch-up window"
 
 LastSuccesses = Callable[[], Iterable[tuple[str, datetime]]]
 
@@ -79,6 +83,17 @@ class Telemetry:
             "ticklock.slots.failed",
             unit=slot,
             description="Slots whose last allowed attempt failed or timed out, by job.",
+        )
+        self.skipped = meter.create_counter(
+            "ticklock.slots.skipped",
+            unit=slot,
+            description="Slots not run by a policy, by job and reason: the run before was "
+            "still running (overlap), replaced, outside the catch-up window.",
+        )
+        self.backfilled = meter.create_counter(
+            "ticklock.slots.backfilled",
+            unit=slot,
+            description="Slots of a backfill committed, by job.",
         )
         self.capped = meter.create_counter(
             "ticklock.runs.capped",
@@ -155,17 +170,35 @@ class Telemetry:
         ``resumed``: when this replica last saw the job resumed; ``retried``: the slot runs
         again, so a failure is not its last."""
         outcome = result.outcome
-        if result.manual or outcome in _UNCOUNTED:
+        attributes = {JOB_ID: job.id}
+        if result.backfilled_by is not None:  # an operator's, after the fact: not owed now
+            if outcome is Outcome.SUCCESS:
+                self.backfilled.add(1, attributes)
+            return
+        if result.manual:
+            return
+        if outcome is Outcome.CANCELLED and (result.error or "").startswith(REPLACED):
+            self.owed.add(1, attributes)
+            self.skipped.add(1, {JOB_ID: job.id, REASON: REPLACED_REASON})
+            return
+        if outcome in _UNCOUNTED:
             return
         first = attempt == 1
         missed = unattempted(job, before, result, resumed) if first else 0
+        overlapped, outside = passed_over(job, before, result) if missed else (0, 0)
+        overlapped = min(overlapped, missed)
+        outside = min(outside, missed - overlapped)
+        missed -= overlapped + outside
         committed = outcome is Outcome.SUCCESS
         failed = not committed and not retried
-        attributes = {JOB_ID: job.id}
         if first:
-            self.owed.add(1 + missed, attributes)
+            self.owed.add(1 + missed + overlapped + outside, attributes)
         if missed:
             self.missed.add(missed, attributes)
+        if overlapped:
+            self.skipped.add(overlapped, {JOB_ID: job.id, REASON: OVERLAPPED})
+        if outside:
+            self.skipped.add(outside, {JOB_ID: job.id, REASON: OUTSIDE})
         if committed:
             self.committed.add(1, attributes)
         elif failed:
@@ -237,6 +270,34 @@ def unattempted(
             return count + max(0, math.ceil(round((slot - at) / mean, 6)) - 1)
         at = trigger.next_fire(at)
     return count
+
+
+def passed_over(job: Job, state: FleetState | None, result: RunResult) -> tuple[int, int]:
+    """Of the cron fires before ``result``'s slot that no run attempted (see
+    :func:`unattempted`), those that came while the run before ran (the ``overlap`` policy
+    skipped them), and those older than a ``catch_up`` duration before the run's start; at
+    most :data:`EXACT_STEPS` fires looked at."""
+    slot, trigger = result.slot, job.trigger
+    if state is None or slot is None or isinstance(trigger, Every):
+        return 0, 0
+    ran = max((t for t in (state.last_slot, state.failed_slot) if t is not None), default=None)
+    if ran is None:
+        return 0, 0
+    end = state.last_end
+    floor = None
+    if not isinstance(job.catch_up, bool):
+        floor = result.started_at - timedelta(seconds=job.catch_up + trigger.jitter)
+    overlapped = outside = 0
+    at = trigger.next_fire(ran)
+    for _ in range(EXACT_STEPS):
+        if at is None or at >= slot:
+            break
+        if end is not None and at <= end:
+            overlapped += 1
+        elif floor is not None and at < floor:
+            outside += 1
+        at = trigger.next_fire(at)
+    return overlapped, outside
 
 
 def _millis(slot: datetime) -> str:

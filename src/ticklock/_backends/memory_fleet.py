@@ -319,6 +319,7 @@ class MemoryFleet:
             complete_since=min(r.slot for r in kept if r.slot) if full and kept else None,
             task=task,
             successes=(db.states.get(job_id) or FleetState()).successes,
+            version=None if stored is None else stored.version,
         )
         return await anyio.to_thread.run_sync(account, spec, records, since, until, now, limit)
 

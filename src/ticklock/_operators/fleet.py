@@ -111,6 +111,9 @@ class SlotRecord:
     lateness: timedelta | None = None
     """From the slot to the start of its run (its first attempt), or of the run that covered
     it; ``None`` without one."""
+    change: str | None = None
+    """A stored schedule edited before this slot, the first under its new definition:
+    ``definition v2 effective from this slot, by alice``."""
 
     @property
     def late(self) -> bool:
@@ -405,6 +408,7 @@ def slot_json(slot: SlotRecord, job_id: str) -> dict[str, Any]:
         "fate": slot.fate.value,
         "reason": slot.reason,
         "lateness": None if slot.lateness is None else slot.lateness.total_seconds(),
+        "change": slot.change,
         "run": None if slot.run is None else run_json(slot.run),
     }
 
@@ -422,6 +426,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "manual": run.manual,
         "batches": run.batches,
         "capped": run.capped,
+        "backfilled_by": run.backfilled_by,
         "report": run.report,
         "error": run.error,
     }

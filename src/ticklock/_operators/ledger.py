@@ -36,7 +36,7 @@ import bisect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 from .._schedule.job import REPLACED
@@ -173,6 +173,9 @@ class Records:
     """A stored schedule's task: the replicas that had it declared the schedule."""
     successes: int = 0
     """Its scheduled runs that committed, as its ``limit`` counts them."""
+    version: int | None = None
+    """A stored schedule's version now: its writes (``put`` in ``actions``) are numbered back
+    from it."""
 
 
 def account(
@@ -235,6 +238,23 @@ def account(
             ledger.append(SlotRecord(slot, Fate.SKIPPED, f"{why} ({reason})", later))
         else:
             ledger.append(SlotRecord(slot, fate, reason, explains))
+    return _changes(ledger, records)
+
+
+def _changes(ledger: list[SlotRecord], records: Records) -> list[SlotRecord]:
+    """``ledger`` with each edit of a stored schedule on the first slot after it: its
+    writes are its ``put`` actions, the latest one its current version, each earlier one a
+    version less (a ``put`` that changes nothing is not written); version 1 is its creation."""
+    if records.version is None or not ledger:
+        return ledger
+    puts = sorted((a for a in records.actions if a.action == "put"), key=lambda a: a.at)
+    slots = [record.slot for record in ledger]
+    first = records.version - len(puts) + 1
+    for version, put in enumerate(puts, start=first):
+        i = bisect.bisect_right(slots, put.at)
+        if version >= 2 and i < len(ledger):
+            said = f"definition v{version} effective from this slot, by {put.who}"
+            ledger[i] = replace(ledger[i], change=said)
     return ledger
 
 

@@ -72,6 +72,7 @@ class Fills:
             result, _ = await runner.execute(
                 job, slot, fill=Fill(request, index, slot, backfill.who)
             )
+            runner.telemetry.count(job, result, None, 1, None, retried=False)
             if result.outcome in (Outcome.LOCKED, Outcome.ERROR):  # a run in flight, an outage
                 due, wait = clock.monotonic() + wait, min(wait * 2, MAX_WAIT)
             else:  # ran, failed, or another replica had run it: on to the next

@@ -79,7 +79,7 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
         )
         self._steering = (
             f"SELECT job_id, action, who, at, note, changed FROM {s}.audit {where} "
-            f"AND changed AND action IN ('pause', 'resume', 'forget') "
+            f"AND changed AND action IN ('pause', 'resume', 'forget', 'put') "
             f"ORDER BY at DESC, id DESC LIMIT {ACTIONS}"
         )
 
@@ -137,6 +137,7 @@ UNION ALL (SELECT *, false FROM ({runs} AND slot > $4 AND outcome = 'success'
             ],
             paused_at=job["paused_at"],
             successes=job["successes"],
+            version=None if stored is None else stored.version,
             horizon=horizon,
             declared_since=declared_since,
             # only the latest runs were read: the ledger begins with them

@@ -66,7 +66,7 @@ async def slots(args: argparse.Namespace) -> int:
     )
     print(f"slots of {args.job!r} from {when(since)} to {when(until)}: {summary}")
     # hidden unless --all: the slots that ran as due, the ones nobody asks about
-    shown = [s for s in ledger if args.all or s.fate is not Fate.RAN or s.late]
+    shown = [s for s in ledger if args.all or s.fate is not Fate.RAN or s.late or s.change]
     if not shown:
         print("(every slot ran; --all lists them)" if ledger else "(no slot was owed)")
         return EXIT_OK
@@ -74,7 +74,7 @@ async def slots(args: argparse.Namespace) -> int:
     for slot in shown:
         run = slot.run
         error = run.error if run is not None and run.slot == slot.slot else None
-        why = "; ".join(text for text in (slot.reason, error) if text)
+        why = "; ".join(text for text in (slot.reason, error, slot.change) if text)
         print(
             f"{when(slot.slot):<25}  {slot.fate.value:<9}  "
             f"{when(run.started_at) if run else '-':<25}  {_late(slot):>8}  "

@@ -176,6 +176,8 @@ def label(slot: SlotRecord) -> str:
         parts.append(_run_text(slot, run))
     if slot.reason:
         parts.append(slot.reason if len(slot.reason) <= 300 else slot.reason[:299] + "…")
+    if slot.change:
+        parts.append(slot.change)
     return " · ".join(parts)
 
 
