@@ -435,6 +435,7 @@ async def test_history_shows_the_last_runs_newest_first_with_outcome_error_and_m
             "manual": r["manual"],
             "batches": r["batches"],
             "capped": r["capped"],
+            "backfilled_by": None,
             "report": None if r["report"] is None else json.loads(r["report"]),
             "error": r["error"],
         }

@@ -502,6 +502,8 @@ async def test_migrations_are_idempotent_and_safe_concurrently(
     )
     assert [t["table_name"] for t in tables] == [
         "audit",
+        "backfilled",
+        "backfills",
         "counts",
         "firsts",
         "jobs",
@@ -553,10 +555,23 @@ async def test_retention_prunes_the_ledgers_records_with_the_history(
                 f"INSERT INTO {s}.outages (namespace, owner, since, until) "
                 f"VALUES ('default', '{age}', {old}, {old}); "
                 f"INSERT INTO {s}.audit (namespace, job_id, at, action, who, changed) "
-                f"VALUES ('default', 'j', {old}, 'pause', '{age}', true)"
+                f"VALUES ('default', 'j', {old}, 'pause', '{age}', true); "
+                # a backfilled run, its mark and its finished backfill
+                f"WITH r AS (INSERT INTO {s}.runs (namespace, job_id, slot, started_at, "
+                f"finished_at, outcome, owner) VALUES ('default', 'j', {old}, {old}, {old}, "
+                f"'success', 'x') RETURNING id) INSERT INTO {s}.backfilled (run_id, request, "
+                f"who) SELECT id, 0, '{age}' FROM r; "
+                f"INSERT INTO {s}.backfills (namespace, job_id, slots, who, finished_at) "
+                f"VALUES ('default', 'j', '{{}}', '{age}', {old})"
             )
         assert (await scheduler.run_now("ticklock.retention")).outcome is Outcome.SUCCESS
-    for table, column in (("presence", "owner"), ("outages", "owner"), ("audit", "who")):
+    for table, column in (
+        ("presence", "owner"),
+        ("outages", "owner"),
+        ("audit", "who"),
+        ("backfilled", "who"),
+        ("backfills", "who"),
+    ):
         kept = [r[0] for r in await pg_conn.fetch(f"SELECT {column} FROM {s}.{table}")]
         assert "3 days" not in kept and "1 hour" in kept, (table, kept)
 

@@ -35,7 +35,10 @@ class Retention:
         self._sql = (
             f"WITH d AS (DELETE FROM {s}.runs WHERE id IN ("
             f"SELECT id FROM {s}.runs WHERE {old.format('finished_at')} LIMIT {self.BATCH}) "
-            f"RETURNING 1), p AS (DELETE FROM {s}.presence WHERE {old.format('until')}), "
+            f"RETURNING id), p AS (DELETE FROM {s}.presence WHERE {old.format('until')}), "
+            # a backfill's marks go with their runs, a finished backfill with the bound
+            f"b AS (DELETE FROM {s}.backfilled WHERE run_id IN (SELECT id FROM d)), "
+            f"f AS (DELETE FROM {s}.backfills WHERE {old.format('finished_at')}), "
             f"o AS (DELETE FROM {s}.outages WHERE {old.format('until')}), "
             f"a AS (DELETE FROM {s}.audit WHERE {old.format('at')}), "
             # the stored schedules' writes, but the last (its number is the replicas' mark),
