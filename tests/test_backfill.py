@@ -192,3 +192,69 @@ async def test_an_edit_of_a_stored_schedule_is_in_the_ledger_from_the_first_slot
         ledger = await scheduler.fleet.slots("s1", T0, clock.now())
     changes = [(hour(r.slot), r.change) for r in ledger if r.change]
     assert changes == [(3.5, "definition v2 effective from this slot, by alice")]
+
+
+@pytest.mark.parametrize(
+    ("overlap", "ran", "passed"),
+    [
+        ("skip", [0, 3], [1, 2, 4]),  # due while the one before ran: passed over
+        ("buffer_one", [0, 2, 4], [1, 3]),  # the latest of those runs once it ends
+        (None, [0, 3], [1, 2, 4]),  # the default: skip
+    ],
+)
+async def test_a_paced_backfill_honours_the_jobs_overlap(
+    overlap: str | None, ran: list[int], passed: list[int]
+) -> None:
+    clock = ManualClock(T0 + timedelta(hours=1))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+    started: list[int] = []
+
+    async def slow(ctx: JobContext) -> None:  # a backfilled slot takes 2.5 s
+        if ctx.backfill:
+            started.append(int((ctx.slot - T0).total_seconds() // 60))
+            await clock.sleep_until(clock.monotonic() + 2.5)
+
+    options: dict[str, Any] = {} if overlap is None else {"overlap": overlap}
+    scheduler.add(slow, cron("* * * * *"), id="job", timeout=30, **options)
+    records: list[Any] = []
+
+    async def backfill() -> None:  # five slots, one a second
+        records.extend(await scheduler.fleet.backfill("job", T0, T0 + timedelta(minutes=5), pace=1))
+
+    async with scheduler, anyio.create_task_group() as tg:
+        tg.start_soon(backfill)
+        while not records:
+            await clock.advance(0.1)
+            await anyio.sleep(0.002)
+    assert started == ran
+    assert [
+        int((r.slot - T0).total_seconds() // 60) for r in records if r.fate is Fate.SKIPPED
+    ] == (passed)
+
+
+async def test_a_paced_backfill_under_replace_ends_each_run_when_the_next_slot_is_due() -> None:
+    clock = ManualClock(T0 + timedelta(hours=1))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+
+    @scheduler.job(cron("* * * * *"), id="job", timeout=30, overlap="replace")
+    async def job(ctx: JobContext) -> None:
+        if ctx.backfill:
+            await clock.sleep_until(clock.monotonic() + 2.5)
+
+    records: list[Any] = []
+
+    async def backfill() -> None:
+        records.extend(await scheduler.fleet.backfill("job", T0, T0 + timedelta(minutes=3), pace=1))
+
+    async with scheduler, anyio.create_task_group() as tg:
+        tg.start_soon(backfill)
+        while not records:
+            await clock.advance(0.1)
+            await anyio.sleep(0.002)
+        history = await scheduler.fleet.history("job", 10)
+    filled = sorted((r for r in history if r.backfilled_by), key=lambda r: r.started_at)
+    assert [(r.outcome, r.error) for r in filled] == [
+        ("cancelled", "replaced by the run of slot 2026-03-29T00:01:00+00:00"),
+        ("cancelled", "replaced by the run of slot 2026-03-29T00:02:00+00:00"),
+        ("success", None),
+    ]

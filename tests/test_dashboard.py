@@ -174,6 +174,9 @@ class MemoryFleet:
     async def spec(self, job_id: str) -> Spec | None:
         return None
 
+    async def pass_over(self, request: int, done: int, count: int) -> None:
+        pass
+
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:
         if self.fail is not None:
             raise self.fail

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol
 
@@ -271,6 +272,20 @@ class MemoryFleet:
     async def spec(self, job_id: str) -> Spec | None:
         """The job's declaration, as this process knows it."""
         return self._spec(job_id)
+
+    async def pass_over(self, request: int, done: int, count: int) -> None:
+        """Pass over ``count`` slots of backfill ``request`` from ``done``."""
+        backfills = self._db.backfills
+        state = backfills.get(request)
+        if state is None or state.done != done or state.finished:
+            return
+        end = min(done + count, len(state.slots))
+        backfills[request] = replace(
+            state,
+            done=end,
+            finished=end >= len(state.slots),
+            passed=state.passed + state.slots[done:end],
+        )
 
     async def backfill_state(self, request: int) -> Backfill | None:
         """Backfill ``request`` as it stands."""

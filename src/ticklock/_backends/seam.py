@@ -86,6 +86,10 @@ class Fill:
     index: int
     slot: datetime
     who: str
+    replaced_by: datetime | None = None
+    """The backfill's next slot, which ends this run when it comes due (``cut_at``, the
+    scheduler's monotonic clock) under ``overlap="replace"``."""
+    cut_at: float | None = None
 
 
 class Declared(NamedTuple):

@@ -27,6 +27,10 @@ MAX_SLOTS = LIMIT
 """The most slots one backfill runs (a longer window is several backfills)."""
 NOT_OWED = "not owed: before the job was first declared, or before the records reach"
 """Why a slot the records have no fate for (the ledger begins when the job was declared)."""
+PASSED = (
+    "the run before was still running: the backfill's pace and the job's overlap passed it over"
+)
+"""Why a slot of a paced backfill did not run (see :mod:`ticklock._runtime.fills`)."""
 POLL = 0.05
 MAX_POLL = 1.0
 """Seconds between two reads of a backfill's progress while it runs (doubling up to it)."""
@@ -138,7 +142,14 @@ async def backfill(
             break
         await anyio.sleep(wait)
         wait = min(wait * 2, MAX_POLL)
-    return await _fates(fleet, spec, job_id, slots, since, until)
+    records = await _fates(fleet, spec, job_id, slots, since, until)
+    passed = set() if state is None else set(state.passed)
+    return [
+        SlotRecord(r.slot, Fate.SKIPPED, PASSED, r.run, r.lateness, r.change)
+        if r.slot in passed
+        else r
+        for r in records
+    ]
 
 
 async def _fates(

@@ -205,11 +205,14 @@ class Backfill:
     job_id: str
     slots: tuple[datetime, ...]
     done: int
-    """Its slots that ran (or failed): the next one to run is ``slots[done]``."""
+    """Its slots that ran, failed or were passed over: the next one is ``slots[done]``."""
     who: str
     pace: float | None = None
     """At most this many slots per second (``None``: one after the other)."""
     finished: bool = False
+    passed: tuple[datetime, ...] = ()
+    """Its slots the job's ``overlap`` passed over: due (by the pace) while the slot before
+    still ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,4 +577,9 @@ class Fleet(Protocol):
 
     async def spec(self, job_id: str) -> Spec | None:
         """The job's declaration as the records keep it (``None``: they keep none)."""
+        ...
+
+    async def pass_over(self, request: int, done: int, count: int) -> None:
+        """Pass over ``count`` slots of backfill ``request`` from ``slots[done]`` (the job's
+        ``overlap``), if it is still at ``done``."""
         ...

@@ -161,6 +161,10 @@ class SchedulerFleet:
         self._session().poke()
         return request
 
+    async def pass_over(self, request: int, done: int, count: int) -> None:
+        """Pass over ``count`` slots of backfill ``request`` from ``done``."""
+        await self._fleet().pass_over(request, done, count)
+
     async def backfill_state(self, request: int) -> Backfill | None:
         """Backfill ``request`` as it stands."""
         return await self._fleet().backfill_state(request)

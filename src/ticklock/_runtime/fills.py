@@ -7,11 +7,18 @@ tick under the job's lock that runs only when it is the backfill's turn (its pro
 under the lock); its commit, or its failure record, moves the backfill on. So however many
 replicas run one backfill, each slot runs once, in order, never beside another run of the job
 (a run in flight holds the lock: the slot waits for it, as a trigger does).
+
+With a ``pace``, slot ``i`` is due ``i / pace`` seconds after the replica began, and the job's
+``overlap`` says what a slot that came due while the one before still ran does, as for a cron
+fire: ``"skip"`` passes it over, ``"buffer_one"`` runs the latest such slot once the run ends
+and passes over the others, ``"replace"`` ends the run when the next slot comes due.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from functools import partial
 
 from .._backends.seam import Fill
@@ -55,32 +62,70 @@ class Fills:
             runs.ended()
 
     async def _fill(self, job: Job, request: int) -> None:
-        crew = self._crew
+        crew, fleet = self._crew, self._fleet
         clock, runner = crew.clock, crew.runner
         assert runner is not None
-        backfill = await self._fleet().backfill_state(request)
-        wait, due = WAIT, clock.monotonic()
-        while (
-            backfill is not None
-            and not backfill.finished
-            and backfill.done < len(backfill.slots)
-            and crew.running
-        ):
-            await clock.sleep_until(due)
+        backfill = await fleet().backfill_state(request)
+        if backfill is None:
+            return
+        pace = _Pace(backfill, clock.monotonic(), job.overlap or "skip")
+        wait = WAIT
+        while _open(backfill) and crew.running:
+            assert backfill is not None
             index = backfill.done
+            await clock.sleep_until(max(pace.due(index), clock.monotonic()))
             slot = backfill.slots[index]
-            result, _ = await runner.execute(
-                job, slot, fill=Fill(request, index, slot, backfill.who)
-            )
+            replaced_by, cut_at = pace.cut(backfill, index)
+            fill = Fill(request, index, slot, backfill.who, replaced_by, cut_at)
+            result, _ = await runner.execute(job, slot, fill=fill)
             runner.telemetry.count(job, result, None, 1, None, retried=False)
             if result.outcome in (Outcome.LOCKED, Outcome.ERROR):  # a run in flight, an outage
-                due, wait = clock.monotonic() + wait, min(wait * 2, MAX_WAIT)
-            else:  # ran, failed, or another replica had run it: on to the next
+                await clock.sleep_until(clock.monotonic() + wait)
+                wait = min(wait * 2, MAX_WAIT)
+                pace.restart(index, clock.monotonic())  # that wait passes no slot over
+            else:
                 wait = WAIT
-                due = max(clock.monotonic(), due + _gap(backfill))
-            backfill = await self._fleet().backfill_state(request)
+            backfill = await fleet().backfill_state(request)
+            if _open(backfill) and backfill is not None and backfill.done == index + 1:
+                passed = pace.passed(backfill, clock.monotonic())
+                if passed:
+                    await fleet().pass_over(request, backfill.done, passed)
+                    backfill = await fleet().backfill_state(request)
 
 
-def _gap(backfill: Backfill) -> float:
-    """Seconds between two slots of ``backfill`` (its ``pace``: slots per second)."""
-    return 0.0 if not backfill.pace else 1.0 / backfill.pace
+def _open(backfill: Backfill | None) -> bool:
+    return backfill is not None and not backfill.finished and backfill.done < len(backfill.slots)
+
+
+class _Pace:
+    """When each slot of a paced backfill is due, and what its ``overlap`` does with those
+    that came due while the slot before ran."""
+
+    def __init__(self, backfill: Backfill, start: float, overlap: str) -> None:
+        self.gap = 0.0 if not backfill.pace else 1.0 / backfill.pace
+        self.start, self.first, self.overlap = start, backfill.done, overlap
+
+    def restart(self, index: int, now: float) -> None:
+        """Slot ``index`` is due ``now``, and the ones after it from there."""
+        self.start, self.first = now, index
+
+    def due(self, index: int) -> float:
+        return self.start + (index - self.first) * self.gap
+
+    def cut(self, backfill: Backfill, index: int) -> tuple[datetime | None, float | None]:
+        """The next slot and when it ends the run of ``index`` (``overlap="replace"``)."""
+        after = index + 1
+        if not self.gap or self.overlap != "replace" or after >= len(backfill.slots):
+            return None, None
+        return backfill.slots[after], self.due(after)
+
+    def passed(self, backfill: Backfill, now: float) -> int:
+        """How many slots from ``backfill.done`` to pass over at ``now``: those due by now
+        (``"skip"``), all but the latest of them (``"buffer_one"``)."""
+        if not self.gap or self.overlap == "replace":
+            return 0
+        latest = self.first + math.floor((now - self.start) / self.gap)
+        late = min(latest, len(backfill.slots) - 1) - backfill.done + 1
+        if late <= 0:
+            return 0
+        return late if self.overlap == "skip" else late - 1

@@ -274,6 +274,10 @@ class Runner:
             return
         run.slot = admission.slot
         assert run.slot is not None
+        fill = run.fill
+        if fill is not None and fill.cut_at is not None:  # a paced backfill's next slot
+            run.replaced_by, run.replaced_at = fill.replaced_by, fill.cut_at
+            bound.shorten(fill.cut_at)
         if replacing(job, run) and isinstance(job.trigger, Cron):
             fire = job.trigger.next_fire(run.slot)  # the run ends when that fire comes
             if fire is not None:

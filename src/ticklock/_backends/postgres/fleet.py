@@ -180,8 +180,14 @@ ORDER BY job_id"""
         )
         self._spec_read = f"SELECT spec::text FROM {s}.jobs WHERE namespace = $1 AND job_id = $2"
         self._backfill_read = (
-            f"SELECT id, job_id, slots, done, who, pace, finished_at FROM {s}.backfills "
-            "WHERE id = $1"
+            f"SELECT id, job_id, slots, done, who, pace, finished_at, passed "
+            f"FROM {s}.backfills WHERE id = $1"
+        )
+        self._pass_over = (
+            f"UPDATE {s}.backfills SET done = least(done + $3, cardinality(slots)), "
+            "passed = passed || slots[done + 1 : done + $3], finished_at = CASE "
+            "WHEN done + $3 >= cardinality(slots) THEN now() END "
+            "WHERE id = $1 AND done = $2 AND finished_at IS NULL"
         )
         self._actions = (
             f"SELECT job_id, action, who, at, note, changed FROM {s}.audit "
@@ -405,6 +411,11 @@ ORDER BY job_id"""
             text = await conn.fetchval(self._spec_read, self.namespace, job_id)
         return None if text is None else _spec.from_json(json.loads(text))
 
+    async def pass_over(self, request: int, done: int, count: int) -> None:
+        """Pass over ``count`` slots of backfill ``request`` from ``done``, if still there."""
+        async with self._acquire() as conn:
+            await conn.execute(self._pass_over, request, done, count)
+
     async def backfill_state(self, request: int) -> Backfill | None:
         """Backfill ``request`` as it stands."""
         async with self._acquire() as conn:
@@ -419,6 +430,7 @@ ORDER BY job_id"""
             row["who"],
             row["pace"],
             row["finished_at"] is not None,
+            tuple(row["passed"]),
         )
 
     async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:

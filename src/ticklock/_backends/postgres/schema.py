@@ -235,7 +235,8 @@ CREATE TABLE IF NOT EXISTS {s}.backfills (
     pace float8,
     who text NOT NULL,
     requested_at timestamptz NOT NULL DEFAULT now(),
-    finished_at timestamptz
+    finished_at timestamptz,
+    passed timestamptz[] NOT NULL DEFAULT '{{}}'
 );
 CREATE INDEX IF NOT EXISTS backfills_open ON {s}.backfills (namespace)
     WHERE finished_at IS NULL;""",
