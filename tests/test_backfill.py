@@ -7,7 +7,7 @@ paced; audited and recorded as backfilled by whom; the watermark never moves bac
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -258,3 +258,30 @@ async def test_a_paced_backfill_under_replace_ends_each_run_when_the_next_slot_i
         ("cancelled", "replaced by the run of slot 2026-03-29T00:02:00+00:00"),
         ("success", None),
     ]
+
+
+async def test_the_dashboard_and_the_json_show_a_backfilled_slot() -> None:
+    from test_dashboard import call, serve
+    from ticklock._operators.dashboard import create_app
+
+    # the dashboard's window is the last 24 h of the real clock: the job ran in it
+    top = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    clock = ManualClock(top - timedelta(hours=6, minutes=30))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+
+    @scheduler.job(cron("0 * * * *"), id="report", catch_up=False)
+    async def report(ctx: JobContext) -> None:
+        if ctx.slot == top - timedelta(hours=3) and not ctx.backfill:
+            raise RuntimeError("the warehouse was down")
+
+    async with scheduler:
+        await clock.advance(6 * 3600)
+        since = top - timedelta(hours=6)
+        await scheduler.fleet.backfill("report", since, top - timedelta(hours=1), who="ops@x")
+        with serve(create_app(scheduler.fleet)) as base:
+            page = await anyio.to_thread.run_sync(call, base + "/jobs/report")
+            slots = await anyio.to_thread.run_sync(call, base + "/api/jobs/report/slots")
+    assert "backfilled by ops@x" in page.body
+    filled = [s for s in slots.json()["slots"] if s["reason"] == "backfilled by ops@x"]
+    assert [s["slot"] for s in filled] == [(top - timedelta(hours=3)).isoformat()]
+    assert filled[0]["run"]["backfilled_by"] == "ops@x"

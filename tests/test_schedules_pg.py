@@ -300,3 +300,30 @@ async def test_concurrent_writes_of_one_schedule_each_get_a_version_of_their_own
     assert sorted(versions) == list(range(1, 21))  # none lost, none twice
     assert final is not None and final.version == 20
     assert final.args == {"i": versions[20]}  # the last write is the one stored
+
+
+async def test_an_edit_is_in_the_ledger_from_the_first_slot_after_it(
+    ops: Replicas, pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    ops.start("r1", "tasks")
+    async with writer(pg_dsn, pg_schema) as w:
+        await live_tasks(w, {"r1"}, "report")
+        await w.schedules.put("edited", task="report", trigger=every(0.3), who="bob")
+
+        async def ran(n: int) -> bool:
+            return len(await rows(pg_conn, pg_schema, ["edited"])) >= n
+
+        await eventually(lambda: ran(2), 20, "two runs under v1")
+        await w.schedules.put("edited", task="report", trigger=every(0.4), who="alice")
+        edited = await pg_conn.fetchval(
+            f"SELECT max(at) FROM {pg_schema}.audit WHERE job_id = 'edited' AND action = 'put'"
+        )
+        await eventually(lambda: ran(5), 20, "runs under v2")
+        ledger = await w.fleet.slots(
+            "edited", edited - timedelta(minutes=1), edited + timedelta(minutes=1)
+        )
+    assert ops.stop("r1") == 0
+    changed = [r for r in ledger if r.change]
+    assert [r.change for r in changed] == ["definition v2 effective from this slot, by alice"]
+    assert changed[0].slot > edited
+    assert all(r.slot <= edited for r in ledger[: ledger.index(changed[0])])
