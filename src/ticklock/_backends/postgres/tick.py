@@ -155,12 +155,7 @@ class Tick:
         self._check(same_tx, bounded)
         if fence is None:
             raise self._taken_over()
-        if self._lease.used:  # no session state left behind on this server session
-            self._lease.retire |= prepared
-            await self.con.execute(c.reset() + sealed_commit(self._token))
-        else:
-            await self.con.execute(sealed_commit(self._token))
-        self.open = False
+        await self._seal(prepared)
         self.fence = fence
 
     async def begin_batch(self, budget: float) -> None:
@@ -301,12 +296,7 @@ class Tick:
             raise SlotAlreadyCommitted(f"slot {result.slot} of {self._job_id} is already committed")
         # The reset goes before COMMIT, inside the transaction: if it failed, nothing would
         # commit, so a run is never recorded as failed after its writes committed.
-        if self._lease.used:
-            self._lease.retire |= prepared
-            await self.con.execute(self._db.reset() + sealed_commit(self._token))
-        else:
-            await self.con.execute(sealed_commit(self._token))
-        self.open = False
+        await self._seal(prepared)
 
     async def _write_fill(self, result: RunResult, report: str | None, fill: Fill) -> None:
         """Commit a slot of a backfill: its run, marked so, the watermark moved forward only,
@@ -344,7 +334,14 @@ class Tick:
             raise SlotAlreadyCommitted(
                 f"slot {result.slot} of {self._job_id} was run by another replica's backfill"
             )
-        if self._lease.used:
+        await self._seal(prepared)
+
+    async def _seal(self, prepared: bool) -> None:
+        """ticklock's own COMMIT of the checked transaction; first, if the handler used the
+        connection, the reset (inside the transaction: if it failed, nothing would commit),
+        and the connection retired if it keeps SQL prepared statements (``prepared``)."""
+        assert self.con is not None
+        if self._lease.used:  # no session state left behind on this server session
             self._lease.retire |= prepared
             await self.con.execute(self._db.reset() + sealed_commit(self._token))
         else:
