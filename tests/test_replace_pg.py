@@ -87,3 +87,42 @@ async def test_a_frozen_replaced_run_never_commits(
     assert by[older].fate is Fate.SKIPPED
     assert by[older].reason == f"replaced by the run of slot {fire.isoformat()}"
     assert by[fire].fate is Fate.RAN
+
+
+async def test_every_batch_of_a_replaceable_run_names_its_slot(
+    pg_dsn: str, pg_schema: str, pg_conn: Any
+) -> None:
+    # a frozen holder in its second batch is ended by the newer slot as in its first: each
+    # batch's transaction holds the slot lock the take-over reads
+    from ticklock import JobContext, cron
+    from ticklock._backends.postgres.begin import unix32
+    from ticklock._backends.postgres.sql import SLOT_TAG
+    from ticklock.testing import ManualClock
+
+    clock = ManualClock(datetime(2026, 1, 1, 0, 0, 30, tzinfo=timezone.utc))
+    scheduler = Scheduler(pg_dsn, schema=pg_schema, clock=clock)
+    named: list[list[int]] = []
+
+    @scheduler.job(cron("* * * * *"), id="swept", timeout=30, overlap="replace")
+    async def swept(ctx: JobContext) -> None:
+        async for batch in ctx.batches():
+            pid = await batch.db.fetchval("SELECT pg_backend_pid()")
+            rows = await pg_conn.fetch(
+                "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND classid = $1 AND objsubid = 2 AND pid = $2",
+                SLOT_TAG,
+                pid,
+            )
+            named.append([r[0] for r in rows])
+            if batch.number == 3:
+                break
+
+    async with scheduler:
+        await clock.advance(30)
+        await eventually(lambda: _done(named), 20, "three batches")
+    slot = datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc)
+    assert named == [[unix32(slot)]] * 3
+
+
+async def _done(named: list[list[int]]) -> bool:
+    return len(named) >= 3

@@ -75,15 +75,21 @@ def locks(
     lock. The keys are ints: safe to inline."""
     deadline = f"floor(extract(epoch FROM now()) + {(limit_ms + grace_ms) / 1000!r})::int8"
     dated = f"(({deadline} + 2147483648) % 4294967296 - 2147483648)::int4"
+    slot_key = None if slot is None else _int4(unix32(slot))
     named = (
         ""
-        if slot is None
-        else f" AND pg_try_advisory_xact_lock_shared({SLOT_TAG}, {_int4(unix32(slot))}) IS NOT NULL"
+        if slot_key is None
+        else f" AND pg_try_advisory_xact_lock_shared({SLOT_TAG}, {slot_key}) IS NOT NULL"
     )
     if wait:
         return (
             f"pg_advisory_xact_lock({key}), pg_advisory_xact_lock_shared({legacy}), "
             f"pg_advisory_xact_lock_shared({DEADLINE_TAG}, {dated})"
+            + (
+                ""
+                if slot_key is None
+                else f", pg_advisory_xact_lock_shared({SLOT_TAG}, {slot_key})"
+            )
         )
     return (
         f"pg_try_advisory_xact_lock({key}) AND pg_try_advisory_xact_lock_shared({legacy}) "
@@ -103,7 +109,13 @@ def _limits(limit_ms: int, *, transaction_timeout: bool) -> str:
 
 
 def begin_batch(
-    key: int, legacy: int, limit_ms: int, grace_ms: int, *, transaction_timeout: bool
+    key: int,
+    legacy: int,
+    limit_ms: int,
+    grace_ms: int,
+    *,
+    transaction_timeout: bool,
+    slot: datetime | None = None,
 ) -> str:
     """A later batch's first query: BEGIN, the server-side timeouts from what is left of the
     run's budget, and the job's locks (see :func:`locks`), waited for up to
@@ -111,7 +123,7 @@ def begin_batch(
     and finds the job held between batches)."""
     limits = _limits(limit_ms, transaction_timeout=transaction_timeout)
     wait = min(limit_ms, BATCH_LOCK_WAIT_MS)
-    taken = locks(key, legacy, limit_ms, grace_ms, wait=True)
+    taken = locks(key, legacy, limit_ms, grace_ms, wait=True, slot=slot)
     return f"BEGIN; {limits}SET LOCAL lock_timeout = {wait}; SELECT {taken}"
 
 

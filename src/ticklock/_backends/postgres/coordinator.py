@@ -330,6 +330,7 @@ class PostgresCoordinator:
             self._failed(exc, sent, since)
             raise
         attempt = Tick(self.db, job_id, conn, limit_ms(budget))
+        attempt.replacing = replacing  # its later batches name the slot too
         answered = False
         try:
             asked, when = time.monotonic(), self.db.clock.now()

@@ -88,6 +88,7 @@ class Tick:
         "_token",
         "fill",
         "turn",
+        "replacing",
     )
 
     def __init__(
@@ -113,6 +114,7 @@ class Tick:
         self._token = secrets.token_hex(16)  # the current transaction's: see the module
         self.fill: Fill | None = None  # the slot of a backfill this tick runs
         self.turn = False  # with the lock: whether that slot is the backfill's next
+        self.replacing: datetime | None = None  # the slot its locks name (overlap "replace")
 
     @property
     def seal(self) -> bytes:
@@ -171,6 +173,7 @@ class Tick:
             self._limit_ms,
             int(STALE_GRACE * 1000),
             transaction_timeout=c.transaction_timeout,
+            slot=self.replacing,
         )
         try:
             await self.con.execute(statement)
