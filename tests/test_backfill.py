@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import at
+from helpers import at, eventually
 from ticklock import JobContext, ScheduleError, Scheduler, cron, every
 from ticklock._operators.fleet import Fate
 from ticklock.testing import ManualClock, MemoryDatabase
@@ -285,3 +285,134 @@ async def test_the_dashboard_and_the_json_show_a_backfilled_slot() -> None:
     filled = [s for s in slots.json()["slots"] if s["reason"] == "backfilled by ops@x"]
     assert [s["slot"] for s in filled] == [(top - timedelta(hours=3)).isoformat()]
     assert filled[0]["run"]["backfilled_by"] == "ops@x"
+
+
+async def test_a_slot_whose_scheduled_run_commits_meanwhile_is_not_run_again() -> None:
+    clock = ManualClock(T0 + timedelta(minutes=59))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+    runs: list[tuple[float, bool]] = []
+
+    @scheduler.job(cron("0 * * * *"), id="report", timeout=60)
+    async def report(ctx: JobContext) -> None:
+        runs.append((hour(ctx.slot), ctx.backfill))
+        if not ctx.backfill:
+            await clock.sleep_until(clock.monotonic() + 30)  # in flight when the backfill asks
+
+    records: list[Any] = []
+
+    async def backfill() -> None:  # 01:00 is not committed yet: chosen, then it commits
+        since = T0 + timedelta(minutes=30)
+        records.extend(await scheduler.fleet.backfill("report", since, clock.now()))
+
+    async with scheduler:
+        await clock.advance(70)  # 01:00:10, its run in flight
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(backfill)
+            while not records:
+                await clock.advance(1)
+                await anyio.sleep(0.005)
+    assert runs == [(1, False)]  # the slot committed once, by its own run
+    assert [(hour(r.slot), r.fate) for r in records] == [(1, Fate.RAN)]
+
+
+async def test_a_stored_schedules_backfill_runs_though_no_cycle_holds_it() -> None:
+    clock = ManualClock(T0)
+    db = MemoryDatabase()
+    scheduler = Scheduler(clock=clock, database=db)
+    slots: list[datetime] = []
+
+    @scheduler.task("digest")
+    async def digest(ctx: JobContext) -> None:
+        if ctx.backfill:
+            slots.append(ctx.slot)
+
+    async with scheduler:
+        await scheduler.schedules.put("tenant-1", task="digest", trigger=cron("0 6 * * *"))
+        assert "tenant-1" not in scheduler._catalog.cycles  # due tomorrow: a row
+        await scheduler.fleet.backfill("tenant-1", T0 - timedelta(days=3), T0)
+    assert slots == [T0 - timedelta(days=d) + timedelta(hours=6) for d in (3, 2, 1)]
+
+
+async def test_a_backfill_nobody_runs_is_given_up_and_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ticklock._operators import backfill as backfill_module
+
+    monkeypatch.setattr(backfill_module, "STALL", 0.3)
+    clock = ManualClock(T0 + timedelta(hours=3))
+    db = MemoryDatabase()
+    scheduler = Scheduler(clock=clock, database=db, shutdown_grace=0.1)
+    started = anyio.Event()
+
+    @scheduler.job(cron("0 * * * *"), id="stuck", timeout=1)
+    async def stuck(ctx: JobContext) -> None:
+        if ctx.backfill:
+            started.set()
+            await anyio.sleep_forever()  # hangs on a clock that never reaches its timeout
+
+    async with scheduler:
+        with pytest.raises(TimeoutError, match=r"no slot of it ran for 1\.3 s"):
+            await scheduler.fleet.backfill("stuck", T0, T0 + timedelta(hours=2))
+        assert started.is_set()
+        [request] = db.backfills.values()
+        assert request.finished and request.done == 0  # cancelled: 01:00 never runs
+
+
+async def test_a_disabled_job_and_bad_options_are_refused() -> None:
+    clock = ManualClock(T0 + timedelta(hours=3))
+    scheduler = Scheduler(clock=clock, database=MemoryDatabase())
+
+    async def job(ctx: JobContext) -> None:
+        pass
+
+    scheduler.add(job, cron("0 * * * *"), id="off", enabled=False)
+    scheduler.add(job, cron("* * * * *"), id="on")
+    async with scheduler:
+        with pytest.raises(KeyError, match="so none would run its backfill"):
+            await scheduler.fleet.backfill("off", T0, T0 + timedelta(hours=2))
+        with pytest.raises(ScheduleError) as pace:
+            await scheduler.fleet.backfill("on", T0, T0 + timedelta(hours=1), pace="2")  # type: ignore[arg-type]
+        with pytest.raises(ScheduleError) as window:
+            await scheduler.fleet.backfill("on", T0, T0 + timedelta(hours=3))  # 180 slots: fine
+            await scheduler.fleet.backfill("on", T0 - timedelta(days=1), T0)  # 1,440: too many
+    assert (pace.value.job_id, pace.value.field) == ("on", "pace")
+    assert (window.value.job_id, window.value.field) == ("on", "until")
+    assert "more than 1000 slots" in str(window.value)
+
+
+async def test_a_slot_cut_off_by_shutdown_is_left_for_the_next_replica() -> None:
+    clock = ManualClock(T0 + timedelta(hours=3))
+    db = MemoryDatabase()
+    ran: list[tuple[str, float]] = []
+
+    def replica(owner: str, hang: bool) -> Scheduler:
+        scheduler = Scheduler(clock=clock, database=db, owner=owner, shutdown_grace=0.1)
+
+        @scheduler.job(cron("0 * * * *"), id="long", timeout=600)
+        async def long(ctx: JobContext) -> None:
+            if ctx.backfill:
+                ran.append((owner, hour(ctx.slot)))
+                if hang:
+                    await anyio.sleep_forever()
+
+        return scheduler
+
+    first = replica("a", hang=True)
+    async with first:
+        await first.fleet.request_backfill("long", [T0 + timedelta(hours=1)], None, None, who="ops")
+        await eventually(lambda: _ran(ran), 5, "the slot to start on a")
+    [request] = db.backfills.values()
+    assert request.done == 0 and not request.finished  # cancelled by the shutdown, not lost
+    async with replica("b", hang=False):
+        await eventually(lambda: _finished(db), 5, "b to finish the backfill")
+    assert ran == [("a", 1), ("b", 1)]
+    history = [(r.owner, r.outcome.value) for r in db.history["long"] if r.backfilled_by]
+    assert history == [("a", "cancelled"), ("b", "success")]
+
+
+async def _ran(ran: list[tuple[str, float]]) -> bool:
+    return bool(ran)
+
+
+async def _finished(db: MemoryDatabase) -> bool:
+    return all(b.finished for b in db.backfills.values())

@@ -165,6 +165,7 @@ class MemoryFleet:
         note: str | None,
         *,
         who: str,
+        rerun: bool = False,
     ) -> int:
         raise KeyError(f"no live replica runs job {job_id!r}")  # the dashboard never asks
 
@@ -174,7 +175,12 @@ class MemoryFleet:
     async def spec(self, job_id: str) -> Spec | None:
         return None
 
-    async def pass_over(self, request: int, done: int, count: int) -> None:
+    async def pass_over(
+        self, request: int, done: int, count: int, *, committed: bool = False
+    ) -> None:
+        pass
+
+    async def end_backfill(self, request: int) -> None:
         pass
 
     async def audit(self, job_id: str | None = None, limit: int = 100) -> list[Action]:

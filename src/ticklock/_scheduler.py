@@ -24,7 +24,6 @@ from ._operators.schedules import Schedules
 from ._runtime.catalog import Catalog
 from ._runtime.clock import Clock, SystemClock
 from ._runtime.crew import Crew, last_successes
-from ._runtime.fills import Fills
 from ._runtime.loop import Dispatcher
 from ._runtime.roster import Roster
 from ._runtime.runner import Runner
@@ -369,7 +368,7 @@ class Scheduler:
                 mode="postgres" if self.postgres else "local",
                 builtin=_RETENTION,
                 tasks=self._tasks,
-                fills=Fills(self._crew, lambda: self._views().fleet),
+                fleet=lambda: self._views().fleet,
             )
             await service.run(task_status)
         finally:

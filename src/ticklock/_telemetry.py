@@ -175,13 +175,8 @@ class Telemetry:
             if outcome is Outcome.SUCCESS:
                 self.backfilled.add(1, attributes)
             return
-        if result.manual:
-            return
-        if outcome is Outcome.CANCELLED and (result.error or "").startswith(REPLACED):
-            self.owed.add(1, attributes)
-            self.skipped.add(1, {JOB_ID: job.id, REASON: REPLACED_REASON})
-            return
-        if outcome in _UNCOUNTED:
+        replaced = outcome is Outcome.CANCELLED and (result.error or "").startswith(REPLACED)
+        if result.manual or (outcome in _UNCOUNTED and not replaced):
             return
         first = attempt == 1
         missed = unattempted(job, before, result, resumed) if first else 0
@@ -190,7 +185,7 @@ class Telemetry:
         outside = min(outside, missed - overlapped)
         missed -= overlapped + outside
         committed = outcome is Outcome.SUCCESS
-        failed = not committed and not retried
+        failed = not committed and not retried and not replaced
         if first:
             self.owed.add(1 + missed + overlapped + outside, attributes)
         if missed:
@@ -199,6 +194,8 @@ class Telemetry:
             self.skipped.add(overlapped, {JOB_ID: job.id, REASON: OVERLAPPED})
         if outside:
             self.skipped.add(outside, {JOB_ID: job.id, REASON: OUTSIDE})
+        if replaced:
+            self.skipped.add(1, {JOB_ID: job.id, REASON: REPLACED_REASON})
         if committed:
             self.committed.add(1, attributes)
         elif failed:

@@ -37,7 +37,7 @@ from .._operators.ledger import STALLED, Incident
 from .._runtime.clock import Clock, until
 from .._runtime.plan import fold
 from .._runtime.sharing import LIVE, Member
-from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint
+from .._schedule.job import Job, JobHealth, Outcome, RunResult, fingerprint, shut_down
 from .._schedule.stored import Schedule
 from .memory_fleet import MemoryFleet, Presence
 from .memory_schedules import MemorySchedules
@@ -352,15 +352,22 @@ class MemoryDatabase:
         if result.outcome is Outcome.SUCCESS and forward:
             self.states[result.job_id] = replace(state, last_slot=slot)
         request = self.backfills[fill.request]
+        if request.done != fill.index or shut_down(result):  # left for the next replica
+            return
         done = request.done + 1
         self.backfills[fill.request] = replace(
             request, done=done, finished=done >= len(request.slots)
         )
 
     def turn(self, fill: Fill) -> bool:
-        """Whether ``fill`` is the slot its backfill runs next."""
+        """Whether ``fill`` is the slot its backfill runs next (unless it reruns: one no
+        run committed)."""
         request = self.backfills.get(fill.request)
-        return request is not None and not request.finished and request.done == fill.index
+        if request is None or request.finished or request.done != fill.index:
+            return False
+        runs = self.history.get(request.job_id, ())
+        committed = any(r.slot == fill.slot and r.outcome is Outcome.SUCCESS for r in runs)
+        return request.rerun or not committed
 
 
 class _MemoryAttempt:

@@ -258,26 +258,35 @@ class MemoryFleet:
         note: str | None,
         *,
         who: str,
+        rerun: bool = False,
     ) -> int:
-        """Ask the replicas that have the job to run ``slots`` of it, in order; audited."""
+        """Ask the replicas that have the job to run ``slots`` of it, in order; audited.
+        Refused (``KeyError``) when no live replica declares the job enabled."""
         note, who = said(note, who)
         self._known(job_id)
+        if job_id not in self._declared()[0]:
+            raise KeyError(
+                f"no live replica runs job {job_id!r} (it is not declared, or declared with "
+                "enabled=False), so none would run its backfill"
+            )
         db = self._db
         request = max(db.backfills, default=0) + 1
-        db.backfills[request] = Backfill(request, job_id, tuple(slots), 0, who, pace, not slots)
+        db.backfills[request] = Backfill(
+            request, job_id, tuple(slots), 0, who, pace, not slots, rerun=rerun
+        )
         self._audit(job_id, "backfill", note, who, True)
         db.changed()
         return request
 
-    async def spec(self, job_id: str) -> Spec | None:
-        """The job's declaration, as this process knows it."""
-        return self._spec(job_id)
-
-    async def pass_over(self, request: int, done: int, count: int) -> None:
+    async def pass_over(
+        self, request: int, done: int, count: int, *, committed: bool = False
+    ) -> None:
         """Pass over ``count`` slots of backfill ``request`` from ``done``."""
         backfills = self._db.backfills
         state = backfills.get(request)
         if state is None or state.done != done or state.finished:
+            return
+        if committed and not self._committed(state.job_id, state.slots[done]):
             return
         end = min(done + count, len(state.slots))
         backfills[request] = replace(
@@ -286,6 +295,20 @@ class MemoryFleet:
             finished=end >= len(state.slots),
             passed=state.passed + state.slots[done:end],
         )
+
+    def _committed(self, job_id: str, slot: datetime) -> bool:
+        runs = self._db.history.get(job_id, ())
+        return any(r.slot == slot and r.outcome is Outcome.SUCCESS for r in runs)
+
+    async def end_backfill(self, request: int) -> None:
+        """Finish backfill ``request`` as it stands."""
+        state = self._db.backfills.get(request)
+        if state is not None:
+            self._db.backfills[request] = replace(state, finished=True)
+
+    async def spec(self, job_id: str) -> Spec | None:
+        """The job's declaration, as this process knows it."""
+        return self._spec(job_id)
 
     async def backfill_state(self, request: int) -> Backfill | None:
         """Backfill ``request`` as it stands."""

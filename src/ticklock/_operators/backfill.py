@@ -11,6 +11,8 @@ slot's fate as the records stand, and runs nothing.
 from __future__ import annotations
 
 import bisect
+import math
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -20,7 +22,7 @@ from .._errors import ScheduleError
 from .._schedule.spec import Spec
 from .._schedule.triggers import Every
 from .._schedule.validate import instant
-from .fleet import Fate, Fleet, RunRecord, SlotRecord
+from .fleet import Backfill, Fate, Fleet, RunRecord, SlotRecord
 from .ledger import LIMIT
 
 MAX_SLOTS = LIMIT
@@ -31,6 +33,9 @@ PASSED = (
     "the run before was still running: the backfill's pace and the job's overlap passed it over"
 )
 """Why a slot of a paced backfill did not run (see :mod:`ticklock._runtime.fills`)."""
+STALL = 60.0
+"""Seconds without a slot done (beyond the job's timeout: a run in flight) after which a
+backfill is given up and cancelled: no replica that has the job runs it."""
 POLL = 0.05
 MAX_POLL = 1.0
 """Seconds between two reads of a backfill's progress while it runs (doubling up to it)."""
@@ -116,7 +121,9 @@ async def backfill(
             job_id=job_id,
             field="until",
         )
-    if pace is not None and (isinstance(pace, bool) or not 0 < pace < float("inf")):
+    if pace is not None and (
+        isinstance(pace, bool) or not isinstance(pace, (int, float)) or not 0 < pace < math.inf
+    ):
         raise ScheduleError(
             f"pace must be a positive number of slots per second, got {pace!r}",
             job_id=job_id,
@@ -125,7 +132,10 @@ async def backfill(
     spec = await fleet.spec(job_id)
     if spec is None:
         raise KeyError(f"job {job_id!r}: its schedule is not known (never declared)")
-    slots = fires(spec, since, until)
+    try:
+        slots = fires(spec, since, until)
+    except ValueError as exc:
+        raise ScheduleError(str(exc), job_id=job_id, field="until") from None
     records = await _fates(fleet, spec, job_id, slots, since, until)
     if dry_run:
         return records
@@ -133,23 +143,42 @@ async def backfill(
     said = f"{since.isoformat()} to {until.isoformat()}: {len(chosen)} slots"
     said += ", committed ones too (rerun)" if rerun else ""
     request = await fleet.request_backfill(
-        job_id, chosen, pace, said if not note else f"{said}; {note}", who=who
+        job_id, chosen, pace, said if not note else f"{said}; {note}", who=who, rerun=rerun
     )
-    wait = POLL
-    while True:
-        state = await fleet.backfill_state(request)
-        if state is None or state.finished:
-            break
-        await anyio.sleep(wait)
-        wait = min(wait * 2, MAX_POLL)
+    try:
+        state = await _done(fleet, job_id, request, STALL + spec.timeout)
+    except BaseException:  # cancelled (an operator's Ctrl-C), or stalled
+        with anyio.CancelScope(shield=True):
+            await fleet.end_backfill(request)  # its slots not run yet never run
+        raise
     records = await _fates(fleet, spec, job_id, slots, since, until)
     passed = set() if state is None else set(state.passed)
     return [
         SlotRecord(r.slot, Fate.SKIPPED, PASSED, r.run, r.lateness, r.change)
-        if r.slot in passed
+        if r.slot in passed and r.fate not in COMMITTED
         else r
         for r in records
     ]
+
+
+async def _done(fleet: Fleet, job_id: str, request: int, stall: float) -> Backfill | None:
+    """Backfill ``request`` once done; ``TimeoutError`` when no slot of it ran for ``stall``
+    seconds."""
+    wait, last, moved = POLL, -1, time.monotonic()
+    while True:
+        state = await fleet.backfill_state(request)
+        if state is None or state.finished:
+            return state
+        if state.done != last:
+            last, moved = state.done, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise TimeoutError(
+                f"backfill of {job_id!r}: no slot of it ran for {stall:g} s (the replicas that "
+                f"have the job stopped, or cannot reach the database): it is cancelled, "
+                f"{state.done} of its {len(state.slots)} slots done"
+            )
+        await anyio.sleep(wait)
+        wait = min(wait * 2, MAX_POLL)
 
 
 async def _fates(

@@ -211,8 +211,11 @@ class Backfill:
     """At most this many slots per second (``None``: one after the other)."""
     finished: bool = False
     passed: tuple[datetime, ...] = ()
-    """Its slots the job's ``overlap`` passed over: due (by the pace) while the slot before
-    still ran."""
+    """Its slots passed over: due (by the pace) while the slot before still ran (the job's
+    ``overlap``), or committed meanwhile by another run."""
+    rerun: bool = False
+    """Its slots run even if a run committed them (else one committed meanwhile is passed
+    over)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,9 +569,11 @@ class Fleet(Protocol):
         note: str | None,
         *,
         who: str,
+        rerun: bool = False,
     ) -> int:
         """Ask the replicas that have the job to run ``slots`` of it, in order (audited as
-        ``backfill`` by ``who``, with ``note``); the request's id."""
+        ``backfill`` by ``who``, with ``note``; ``rerun``: also a slot committed meanwhile);
+        the request's id. ``KeyError`` when no live replica declares the job enabled."""
         ...
 
     async def backfill_state(self, request: int) -> Backfill | None:
@@ -579,7 +584,14 @@ class Fleet(Protocol):
         """The job's declaration as the records keep it (``None``: they keep none)."""
         ...
 
-    async def pass_over(self, request: int, done: int, count: int) -> None:
+    async def pass_over(
+        self, request: int, done: int, count: int, *, committed: bool = False
+    ) -> None:
         """Pass over ``count`` slots of backfill ``request`` from ``slots[done]`` (the job's
-        ``overlap``), if it is still at ``done``."""
+        ``overlap``), if it is still at ``done``; ``committed``: the slot ``slots[done]``
+        only if a run committed it."""
+        ...
+
+    async def end_backfill(self, request: int) -> None:
+        """Finish backfill ``request`` as it stands: its slots not run yet never run."""
         ...

@@ -155,15 +155,23 @@ class SchedulerFleet:
         note: str | None,
         *,
         who: str,
+        rerun: bool = False,
     ) -> int:
         """Ask the replicas that have the job to run ``slots`` of it (see :meth:`backfill`)."""
-        request = await self._fleet().request_backfill(job_id, slots, pace, note, who=who)
+        fleet = self._fleet()
+        request = await fleet.request_backfill(job_id, slots, pace, note, who=who, rerun=rerun)
         self._session().poke()
         return request
 
-    async def pass_over(self, request: int, done: int, count: int) -> None:
+    async def pass_over(
+        self, request: int, done: int, count: int, *, committed: bool = False
+    ) -> None:
         """Pass over ``count`` slots of backfill ``request`` from ``done``."""
-        await self._fleet().pass_over(request, done, count)
+        await self._fleet().pass_over(request, done, count, committed=committed)
+
+    async def end_backfill(self, request: int) -> None:
+        """Finish backfill ``request`` as it stands."""
+        await self._fleet().end_backfill(request)
 
     async def backfill_state(self, request: int) -> Backfill | None:
         """Backfill ``request`` as it stands."""

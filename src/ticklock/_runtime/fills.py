@@ -17,7 +17,7 @@ and passes over the others, ``"replace"`` ends the run when the next slot comes 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from functools import partial
 
@@ -37,26 +37,37 @@ MAX_WAIT = 5.0
 class Fills:
     """The backfills one scheduler runs (see the module docstring)."""
 
-    def __init__(self, crew: Crew, fleet: Callable[[], Fleet]) -> None:
+    def __init__(
+        self,
+        crew: Crew,
+        fleet: Callable[[], Fleet],
+        job_of: Callable[[str], Awaitable[Job | None]],
+    ) -> None:
         self._crew = crew
         self._fleet = fleet
+        self._job_of = job_of  # the job this replica has of that id (None: none, or disabled)
         self._serving: set[int] = set()
 
-    def serve(self, job: Job, requests: Sequence[int]) -> None:
-        """Run each of backfills ``requests`` of ``job`` that this replica does not run yet."""
+    def serve(self, job_id: str, requests: Sequence[int]) -> None:
+        """Run each of backfills ``requests`` of job ``job_id`` that this replica does not
+        run yet (if it has the job)."""
         runs = self._crew.runs
         if runs is None or not self._crew.running:
             return
         for request in requests:
             if request not in self._serving:
                 self._serving.add(request)
-                runs.start(partial(self._serve, runs, job, request), f"ticklock.backfill {job.id}")
+                runs.start(
+                    partial(self._serve, runs, job_id, request), f"ticklock.backfill {job_id}"
+                )
 
-    async def _serve(self, runs: Runs, job: Job, request: int) -> None:
+    async def _serve(self, runs: Runs, job_id: str, request: int) -> None:
         try:
-            await self._fill(job, request)
+            job = await self._job_of(job_id)
+            if job is not None and job.enabled:
+                await self._fill(job, request)
         except Exception:  # a bug in ticklock itself, or the database gone: said, not raised
-            logger.exception("backfill %d of %s stopped", request, job.id)
+            logger.exception("backfill %d of %s stopped", request, job_id)
         finally:
             self._serving.discard(request)
             runs.ended()
@@ -79,13 +90,19 @@ class Fills:
             fill = Fill(request, index, slot, backfill.who, replaced_by, cut_at)
             result, _ = await runner.execute(job, slot, fill=fill)
             runner.telemetry.count(job, result, None, 1, None, retried=False)
-            if result.outcome in (Outcome.LOCKED, Outcome.ERROR):  # a run in flight, an outage
-                await clock.sleep_until(clock.monotonic() + wait)
-                wait = min(wait * 2, MAX_WAIT)
-                pace.restart(index, clock.monotonic())  # that wait passes no slot over
-            else:
-                wait = WAIT
             backfill = await fleet().backfill_state(request)
+            if backfill is not None and backfill.done == index and _open(backfill):
+                # not run: a run of the job in flight (or between its batches), an outage,
+                # or another run committed the slot meanwhile (then it is passed over)
+                if result.outcome is Outcome.SKIPPED:
+                    await fleet().pass_over(request, index, 1, committed=True)
+                    backfill = await fleet().backfill_state(request)
+                if backfill is not None and backfill.done == index:
+                    await clock.sleep_until(clock.monotonic() + wait)
+                    wait = min(wait * 2, MAX_WAIT)
+                    pace.restart(index, clock.monotonic())  # that wait passes no slot over
+                continue
+            wait = WAIT
             if _open(backfill) and backfill is not None and backfill.done == index + 1:
                 passed = pace.passed(backfill, clock.monotonic())
                 if passed:

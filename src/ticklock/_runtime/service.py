@@ -4,7 +4,7 @@ the runs in flight at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from functools import partial
 from itertools import chain
@@ -14,6 +14,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .._backends.seam import Control, Coordinator, Declared, FleetState
 from .._errors import StartupError
+from .._operators.fleet import Fleet
 from .._schedule.job import Job, declaration
 from .._telemetry import logger
 from .catalog import Catalog
@@ -49,7 +50,7 @@ class Service:
         mode: str,
         builtin: str,
         tasks: Mapping[str, object],
-        fills: Fills,
+        fleet: Callable[[], Fleet],
     ) -> None:
         self._crew = crew
         self._roster = roster
@@ -61,7 +62,7 @@ class Service:
         self._mode = mode
         self._builtin = builtin  # the built-in job's id (said apart in the start line)
         self._tasks = tasks
-        self._fills = fills  # the backfills this replica runs
+        self._fills = Fills(crew, fleet, self._job_of)  # the backfills this replica runs
         crew.coordinator, crew.runner = coordinator, runner
         crew.share = Share(owner, catalog.task_of)  # no view until this run's first heartbeat
         self._disagree: dict[str, tuple[str, ...]] = {}  # replicas declaring a job otherwise
@@ -205,10 +206,19 @@ class Service:
         self._catalog.beat(controls)
         for job_id, control in controls.items():
             if control.backfills:
-                held = self._roster.cycles.get(job_id) or self._catalog.cycles.get(job_id)
-                job = held.job if held is not None else self._roster.jobs.get(job_id)
-                if job is not None and job.enabled:
-                    self._fills.serve(job, control.backfills)
+                self._fills.serve(job_id, control.backfills)
+
+    async def _job_of(self, job_id: str) -> Job | None:
+        """The job of that id this replica has: declared in code, or a stored schedule of
+        one of its tasks (its cycle built now if it is not held)."""
+        held = self._roster.cycles.get(job_id) or self._catalog.cycles.get(job_id)
+        if held is not None:
+            return held.job
+        job = self._roster.jobs.get(job_id)
+        if job is not None:
+            return job
+        cycle = await self._catalog.hold(job_id)
+        return None if cycle is None else cycle.job
 
     async def members(self, members: Mapping[str, Member], seen: Mapping[str, datetime]) -> None:
         """A new view of the live replicas: each waiting job takes its role in it, a chunk of

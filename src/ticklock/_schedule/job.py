@@ -435,6 +435,12 @@ def replaced(fire: datetime) -> str:
     return f"{REPLACED}{fire.isoformat()}"
 
 
+def shut_down(result: RunResult) -> bool:
+    """Whether ``result`` is a run its scheduler's shutdown cancelled (not a replaced one)."""
+    replaced_run = (result.error or "").startswith(REPLACED)
+    return result.outcome is Outcome.CANCELLED and not replaced_run
+
+
 def idempotency_key(namespace: str, job_id: str, slot: datetime) -> str:
     """A stable hex key for one job's slot: the same on every replica and every retry."""
     text = f"{namespace}\x00{job_id}\x00{slot.isoformat()}"

@@ -353,7 +353,7 @@ class PostgresCoordinator:
             if fill is not None:  # its turn, read under the lock
                 attempt.fill = fill
                 attempt.turn = bool(
-                    await conn.fetchval(self.db.sql.fill_turn, fill.request, fill.index)
+                    await conn.fetchval(self.db.sql.fill_turn, fill.request, fill.index, fill.slot)
                 )
             return attempt
         except BaseException as exc:

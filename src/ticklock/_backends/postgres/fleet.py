@@ -174,20 +174,27 @@ ORDER BY job_id"""
         self._audit = audit(s)
         # a backfill with no slot is done as it is asked for
         self._backfill = (
-            f"INSERT INTO {s}.backfills (namespace, job_id, slots, pace, who, finished_at) "
-            "VALUES ($1, $2, $3, $4, $5, CASE WHEN cardinality($3::timestamptz[]) = 0 "
-            "THEN now() END) RETURNING id"
+            f"INSERT INTO {s}.backfills (namespace, job_id, slots, pace, who, rerun, "
+            "finished_at) VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN "
+            "cardinality($3::timestamptz[]) = 0 THEN now() END) RETURNING id"
+        )
+        self._end_backfill = (
+            f"UPDATE {s}.backfills SET finished_at = now() WHERE id = $1 AND finished_at IS NULL"
         )
         self._spec_read = f"SELECT spec::text FROM {s}.jobs WHERE namespace = $1 AND job_id = $2"
         self._backfill_read = (
-            f"SELECT id, job_id, slots, done, who, pace, finished_at, passed "
+            f"SELECT id, job_id, slots, done, who, pace, finished_at, passed, rerun "
             f"FROM {s}.backfills WHERE id = $1"
         )
+        # $4: only if a run committed the slot at done (one another run committed meanwhile)
         self._pass_over = (
-            f"UPDATE {s}.backfills SET done = least(done + $3, cardinality(slots)), "
+            f"UPDATE {s}.backfills AS b SET done = least(done + $3, cardinality(slots)), "
             "passed = passed || slots[done + 1 : done + $3], finished_at = CASE "
             "WHEN done + $3 >= cardinality(slots) THEN now() END "
-            "WHERE id = $1 AND done = $2 AND finished_at IS NULL"
+            "WHERE id = $1 AND done = $2 AND finished_at IS NULL AND (NOT $4::boolean OR "
+            f"EXISTS (SELECT FROM {s}.runs AS r WHERE r.namespace = b.namespace "
+            "AND r.job_id = b.job_id AND r.slot = b.slots[b.done + 1] "
+            "AND r.outcome = 'success'))"
         )
         self._actions = (
             f"SELECT job_id, action, who, at, note, changed FROM {s}.audit "
@@ -380,6 +387,7 @@ ORDER BY job_id"""
         note: str | None,
         *,
         who: str,
+        rerun: bool = False,
     ) -> int:
         """Ask the replicas that have the job to run ``slots`` of it, in order (they hear of
         it at once); refused (``KeyError``) when no live replica declares it enabled, as a
@@ -394,27 +402,30 @@ ORDER BY job_id"""
                     "with enabled=False), so none would run its backfill"
                 )
             request = await conn.fetchval(
-                self._backfill,
-                self.namespace,
-                job_id,
-                list(slots),
-                pace,
-                who,
+                self._backfill, self.namespace, job_id, list(slots), pace, who, rerun
             )
             await conn.execute(self._audit, self.namespace, job_id, "backfill", who, note, True)
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, self._payload)
         return cast(int, request)
+
+    async def pass_over(
+        self, request: int, done: int, count: int, *, committed: bool = False
+    ) -> None:
+        """Pass over ``count`` slots of backfill ``request`` from ``done``, if still there
+        (``committed``: only if a run committed ``slots[done]``)."""
+        async with self._acquire() as conn:
+            await conn.execute(self._pass_over, request, done, count, committed)
+
+    async def end_backfill(self, request: int) -> None:
+        """Finish backfill ``request`` as it stands."""
+        async with self._acquire() as conn:
+            await conn.execute(self._end_backfill, request)
 
     async def spec(self, job_id: str) -> _spec.Spec | None:
         """The job's declaration as the records keep it."""
         async with self._acquire() as conn:
             text = await conn.fetchval(self._spec_read, self.namespace, job_id)
         return None if text is None else _spec.from_json(json.loads(text))
-
-    async def pass_over(self, request: int, done: int, count: int) -> None:
-        """Pass over ``count`` slots of backfill ``request`` from ``done``, if still there."""
-        async with self._acquire() as conn:
-            await conn.execute(self._pass_over, request, done, count)
 
     async def backfill_state(self, request: int) -> Backfill | None:
         """Backfill ``request`` as it stands."""
@@ -431,6 +442,7 @@ ORDER BY job_id"""
             row["pace"],
             row["finished_at"] is not None,
             tuple(row["passed"]),
+            row["rerun"],
         )
 
     async def forget(self, job_id: str, note: str | None = None, *, who: str) -> None:

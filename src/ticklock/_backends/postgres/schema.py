@@ -236,7 +236,8 @@ CREATE TABLE IF NOT EXISTS {s}.backfills (
     who text NOT NULL,
     requested_at timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
-    passed timestamptz[] NOT NULL DEFAULT '{{}}'
+    passed timestamptz[] NOT NULL DEFAULT '{{}}',
+    rerun boolean NOT NULL DEFAULT false
 );
 CREATE INDEX IF NOT EXISTS backfills_open ON {s}.backfills (namespace)
     WHERE finished_at IS NULL;""",

@@ -210,9 +210,12 @@ SELECT (SELECT count(*) FROM j)::int, same_tx, bounded, ahead::float8,
         # A slot of a backfill ($9: the request, $10: its index) is its turn under the job's
         # lock; its commit records the run as backfilled by $11, moves the watermark only
         # forward and the backfill on, under the same checks as a tick's commit
+        # ($3: the slot; unless the backfill reruns, a slot a run committed is not run)
         self.fill_turn = (
-            f"SELECT EXISTS (SELECT FROM {s}.backfills WHERE id = $1 AND done = $2 "
-            "AND finished_at IS NULL)"
+            f"SELECT EXISTS (SELECT FROM {s}.backfills AS b WHERE id = $1 AND done = $2 "
+            f"AND finished_at IS NULL AND (rerun OR NOT EXISTS (SELECT FROM {s}.runs AS r "
+            "WHERE r.namespace = b.namespace AND r.job_id = b.job_id AND r.slot = $3 "
+            "AND r.outcome = 'success')))"
         )
         advance = (
             f"UPDATE {s}.backfills SET done = done + 1, finished_at = CASE "
@@ -244,8 +247,9 @@ WITH guard AS (
 SELECT (SELECT count(*) FROM p)::int, same_tx, bounded, ahead::float8,
     $16::boolean AND {PREPARED} FROM guard"""
         # a slot of a backfill that did not commit: recorded, and the backfill goes on
+        # (not after a shutdown, $13: the slot is left for the next replica)
         self.fill_failure = f"""
-WITH p AS ({advance} RETURNING 1), r AS (
+WITH p AS ({advance} AND $13::boolean RETURNING 1), r AS (
     INSERT INTO {s}.runs (namespace, job_id, slot, started_at, finished_at, outcome, owner,
         error, manual, batches)
     VALUES ($1, $2, $3, $5, $4, $6, $7, $8, false, $12) RETURNING id

@@ -41,7 +41,7 @@ from ..._errors import (
 )
 from ..._runtime.plan import next_due, overdue_at
 from ..._schedule.caps import ERROR_LIMIT, cut_text
-from ..._schedule.job import Job, RunResult
+from ..._schedule.job import Job, RunResult, shut_down
 from ..._schedule.lock_key import lock_key
 from ..seam import FUTURE_LIMIT, Fill, FleetState
 from . import database
@@ -417,6 +417,7 @@ class Tick:
                         self.fill.index,
                         self.fill.who,
                         result.batches,
+                        not shut_down(result),
                     )
                 else:
                     await conn.execute(

@@ -121,7 +121,7 @@ async def backfill(args: argparse.Namespace) -> int:
                 who=who(),
                 note=note_of(args),
             )
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError, TimeoutError) as exc:
             if isinstance(exc, ScheduleError):
                 raise CommandError(str(exc)) from None
             return refused(exc)
