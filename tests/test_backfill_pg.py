@@ -75,3 +75,53 @@ async def test_a_backfill_in_the_future_is_a_usage_error(ops: Replicas) -> None:
     result = await ops.cli("backfill", "hourly", "--since", "2h", "--until", later)
     assert result.code == 2 and "is in the future" in result.err, result
     assert ops.stop("A") == 0
+
+
+async def test_a_failed_slot_moves_the_backfill_on_before_its_lock_goes(
+    pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two replicas on one backfill: the first slot fails; its record is slowed down (as a
+    # full pool or a GC pause would), yet the other replica never takes that slot's turn
+    import anyio
+
+    from ticklock import JobContext, Scheduler, cron
+    from ticklock._backends.postgres import tick
+
+    original = tick.Tick.record_failure
+
+    async def slow(self: tick.Tick, result: Any, job: Any) -> None:
+        if self.fill is not None:
+            await anyio.sleep(1.5)
+        await original(self, result, job)
+
+    monkeypatch.setattr(tick.Tick, "record_failure", slow)
+    top = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    since = top - timedelta(hours=3)
+    runs: list[tuple[datetime, str]] = []
+
+    def replica(owner: str) -> Scheduler:
+        scheduler = Scheduler(pg_dsn, schema=pg_schema, owner=owner)
+
+        @scheduler.job(cron("0 * * * *"), id="report", catch_up=False)
+        async def report(ctx: JobContext) -> None:
+            runs.append((ctx.slot, owner))
+            await anyio.sleep(0.2)
+            if ctx.slot == since:
+                raise RuntimeError("the warehouse is still down")
+
+        return scheduler
+
+    a, b = replica("A"), replica("B")
+    async with a, b:
+        await eventually(lambda: _both(a), 20, "both replicas live")
+        with anyio.fail_after(60):
+            done = await a.fleet.backfill("report", since, since + timedelta(hours=2))
+    assert [s for s, _ in runs].count(since) == 1, runs
+    assert [(r.slot, r.fate.value) for r in done] == [
+        (since, "failed"),
+        (since + timedelta(hours=1), "ran"),
+    ]
+
+
+async def _both(scheduler: Any) -> bool:
+    return len([r for r in await scheduler.fleet.replicas() if "report" in r.jobs]) == 2

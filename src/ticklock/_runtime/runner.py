@@ -380,6 +380,22 @@ class Runner:
             backfilled_by=None if run.fill is None else run.fill.who,
         )
 
+    async def _close(self, job: Job, attempt: Attempt | None) -> None:
+        """Roll back what did not commit, and let the lock go."""
+        if attempt is not None:
+            try:
+                await attempt.close()
+            except Exception:  # a dead connection: the server rolled back already
+                logger.debug("closing the tick of %s failed", job.id, exc_info=True)
+
+    async def _record(self, job: Job, attempt: Attempt | None, result: RunResult) -> None:
+        """Record ``result``, a run that executed and did not commit."""
+        assert attempt is not None  # only an attempt that took the lock executes
+        try:
+            await attempt.record_failure(result, job)
+        except Exception:
+            logger.warning("could not record the %s of %s", result.outcome, job.id, exc_info=True)
+
     async def _finish(
         self,
         job: Job,
@@ -391,29 +407,25 @@ class Runner:
         lateness: float | None,
     ) -> tuple[RunResult, FleetState | None]:
         # The coordinator shields its own cleanup (rollback, release, failure record).
-        if attempt is not None:
-            try:
-                await attempt.close()
-            except Exception:  # a dead connection: the server rolled back already
-                logger.debug("closing the tick of %s failed", job.id, exc_info=True)
-        if run.outcome is Outcome.SUCCESS and run.result is not None:
+        committed = run.outcome is Outcome.SUCCESS and run.result is not None
+        if run.executed and not committed and run.fill is not None:
+            # a backfill's slot that failed moves its backfill on before its lock goes: no
+            # other replica takes that slot's turn meanwhile
+            result = self._result(job, run, started)
+            await self._record(job, attempt, result)
+            await self._close(job, attempt)
+        elif committed:
+            await self._close(job, attempt)
+            assert run.result is not None
             result = run.result
         else:
+            await self._close(job, attempt)
             run.finished_at = None  # a failure ends when its rollback is done
             result = self._result(job, run, started)
-        if run.executed and result.outcome is not Outcome.SUCCESS:
-            if run.state is not None and run.fill is None:
-                run.state = _plan.fold(run.state, result, counted=job.limit is not None)
-            assert attempt is not None  # only an attempt that took the lock executes
-            try:
-                await attempt.record_failure(result, job)
-            except Exception:
-                logger.warning(
-                    "could not record the %s of %s",
-                    result.outcome,
-                    job.id,
-                    exc_info=True,
-                )
+            if run.executed:
+                if run.state is not None:
+                    run.state = _plan.fold(run.state, result, counted=job.limit is not None)
+                await self._record(job, attempt, result)
         self.telemetry.record(
             span,
             result,
