@@ -11,7 +11,7 @@ from typing import Protocol
 
 from .._operators.fleet import Action
 from .._runtime.clock import Clock
-from .._runtime.plan import first
+from .._runtime.slots import first
 from .._schedule.job import Job
 from .._schedule.stored import Definition, Schedule, declared_in_code, unknown_task
 from .seam import Declared, FleetState

@@ -7,7 +7,7 @@ ended, whatever its outcome (``success``, ``failure``, ``timeout``, ``cancelled`
 that never reached the handler (the database unreachable, the lock held, the slot committed
 elsewhere, a clock ahead) finished no run: it leaves the clock running, so a job that stops
 running for any of these reasons turns overdue. Failures make a job ``failing``, never
-``overdue``. The instant itself is :func:`._plan.overdue_at`, the one judge: PostgreSQL stores
+``overdue``. The instant itself is :func:`.slots.overdue_at`, the one judge: PostgreSQL stores
 it with every finished run for ``ticklock status`` (see :mod:`._postgres.tick`)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from .._backends.seam import FUTURE_LIMIT, NO_STATE, FleetState
 from .._runtime.entry import Entry
-from .._runtime.plan import overdue_at
+from .._runtime.slots import overdue_at
 from .._schedule.job import Job, JobHealth
 
 

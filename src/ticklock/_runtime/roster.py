@@ -5,7 +5,7 @@ A job's row is its declaration (:class:`~ticklock._schedule.job.Job`) and the fl
 this replica last saw it. A cycle at rest (waiting for its slot with nothing else to
 remember: no run or look out, no retry, no trigger to serve, no pause credit, not given up)
 whose slot lies beyond the horizon is dropped, since its slot follows from the row
-(:func:`~.plan.resting`); every :data:`~.cycle.LOOK` seconds a look builds again the cycles of
+(:func:`~.slots.resting`); every :data:`~.cycle.LOOK` seconds a look builds again the cycles of
 the jobs whose slots come within :data:`~.cycle.HORIZON`. Operators' steering, ``run_now`` and
 the database answering again wake a job at once. So a replica's memory and timers grow with
 what is due soon, not with the number of jobs; :meth:`Roster.health` judges a sleeping job
@@ -31,7 +31,8 @@ from .crew import Crew
 from .cycle import HORIZON, LOOK, Cycle
 from .entry import NO_CREDIT
 from .loop import STEP_TOLERANCE, WALL_WATCH
-from .plan import Idle, OnTime, Plan, plan, resting
+from .plan import Idle, OnTime, Plan, plan
+from .slots import resting
 
 WALL = -1
 """The clock of a sleeping cron job: the wall clock (its slots are the wall clock's instants,

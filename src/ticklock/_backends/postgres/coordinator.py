@@ -38,7 +38,7 @@ import anyio
 from ..._errors import ClockAhead, SchedulerStateError
 from ..._operators.fleet import BY_TICKLOCK, IMMEDIATELY, Fleet
 from ..._runtime.clock import Clock
-from ..._runtime.plan import overdue_at
+from ..._runtime.slots import overdue_at
 from ..._schedule import spec as _spec
 from ..._schedule.job import Job, JobHealth, Outcome, fingerprint
 from ..._schedule.lock_key import lock_key

@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..._operators.fleet import BY_TICKLOCK, IMMEDIATELY
-from ..._runtime.plan import first, overdue_at
 from ..._runtime.sharing import LIVE
+from ..._runtime.slots import first, overdue_at
 from ..._schedule.lock_key import lock_key
 from ..._schedule.stored import (
     Definition,

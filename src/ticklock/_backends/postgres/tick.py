@@ -39,7 +39,7 @@ from ..._errors import (
     TransactionChanged,
     TransactionEnded,
 )
-from ..._runtime.plan import next_due, overdue_at
+from ..._runtime.slots import next_due, overdue_at
 from ..._schedule.caps import ERROR_LIMIT, cut_text
 from ..._schedule.job import Job, RunResult, shut_down
 from ..._schedule.lock_key import lock_key

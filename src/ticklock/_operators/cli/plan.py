@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from itertools import islice
 
-from ..._runtime.plan import first_fires
+from ..._runtime.slots import first_fires
 from ..._schedule.job import Job
 from ..._schedule.triggers import Cron, Every, _human
 
