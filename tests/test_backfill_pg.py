@@ -69,8 +69,16 @@ async def test_two_replicas_run_a_backfill_once_in_order(ops: Replicas, pg_conn:
         assert ops.stop(owner) == 0, ops.output(owner)
 
 
-async def test_a_backfill_in_the_future_is_a_usage_error(ops: Replicas) -> None:
+async def test_a_backfill_in_the_future_is_a_usage_error(ops: Replicas, pg_conn: Any) -> None:
     ops.start("A", "backfill")
+
+    async def live() -> bool:  # started (a SIGTERM before its handler is set kills it)
+        table = await pg_conn.fetchval("SELECT to_regclass($1)", f"{ops.schema}.replicas")
+        return table is not None and bool(
+            await pg_conn.fetchval(f"SELECT count(*) FROM {ops.schema}.replicas")
+        )
+
+    await eventually(live, 30, "the replica to start")
     later = (datetime.now(timezone.utc) + timedelta(days=1)).isoformat()
     result = await ops.cli("backfill", "hourly", "--since", "2h", "--until", later)
     assert result.code == 2 and "is in the future" in result.err, result
