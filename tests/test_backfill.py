@@ -135,15 +135,30 @@ async def test_an_every_backfill_runs_one_slot_per_interval_from_since() -> None
     scheduler = Scheduler(clock=clock, database=MemoryDatabase())
     slots: list[datetime] = []
 
+    windows: list[tuple[datetime | None, datetime]] = []
+
     @scheduler.job(every(600), id="sync")
     async def sync(ctx: JobContext) -> None:
         if ctx.backfill:
             slots.append(ctx.slot)
+            windows.append((ctx.previous_success, ctx.slot))
+
+    @scheduler.job(cron("0 * * * *"), id="hourly")
+    async def hourly(ctx: JobContext) -> None:
+        if ctx.backfill:
+            windows.append((ctx.previous_success, ctx.slot))
 
     async with scheduler:
+        await clock.advance(1800)  # both ran: their watermarks are after the backfilled slots
         since = T0 - timedelta(hours=1)
         await scheduler.fleet.backfill("sync", since, since + timedelta(minutes=25))
+        await scheduler.fleet.backfill("hourly", T0 - timedelta(hours=2), T0)
     assert slots == [since + timedelta(minutes=m) for m in (0, 10, 20)]
+    # each covers its own interval of the schedule, not the watermark's window (backwards)
+    assert windows == [(slot - timedelta(minutes=10), slot) for slot in slots] + [
+        (T0 - timedelta(hours=3), T0 - timedelta(hours=2)),
+        (T0 - timedelta(hours=2), T0 - timedelta(hours=1)),
+    ]
 
 
 @pytest.mark.parametrize(

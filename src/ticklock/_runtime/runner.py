@@ -33,6 +33,7 @@ from .batch import Batches
 from .clock import Clock
 from .loop import BLOCKED_WARNING, Dispatcher, Timeout
 from .plan import Busy, Run, Skip
+from .slots import previous
 
 T = TypeVar("T")
 
@@ -295,7 +296,10 @@ class Runner:
         ctx = JobContext(
             job_id=job.id,
             slot=run.slot,
-            previous_success=state.last_slot,
+            # a backfilled slot covers its own interval of the schedule, not the watermark's
+            previous_success=state.last_slot
+            if run.fill is None
+            else previous(job.trigger, run.slot),
             started_at=started,
             deadline=started + timedelta(seconds=job.timeout),
             owner=self.owner,

@@ -187,3 +187,17 @@ def overdue_at(job: Job, base: datetime) -> datetime | None:
         due = max(due, opening)
     slack = job.trigger.jitter + job.timeout + job.overdue_grace
     return due + timedelta(seconds=slack)
+
+
+def previous(trigger: Trigger, slot: datetime) -> datetime | None:
+    """The schedule's slot before ``slot``: an interval before it (``every``), or the last
+    fire before it (``cron``; ``None`` if none within about a century)."""
+    if isinstance(trigger, Every):
+        return slot - trigger.delta
+    window = timedelta(seconds=trigger.period)
+    while window < timedelta(days=40_000):
+        fire = trigger.next_fire(slot - window - timedelta(microseconds=1))
+        if fire is not None and fire < slot:
+            return latest(trigger, fire, slot - timedelta(microseconds=1))
+        window *= 2
+    return None

@@ -67,7 +67,9 @@ class JobContext:
     slot: datetime
     """The scheduled instant this run covers, UTC."""
     previous_success: datetime | None
-    """The slot of the last successful run, fleet-wide (the watermark); ``None`` if none."""
+    """The slot of the last successful run, fleet-wide (the watermark); ``None`` if none. In
+    a backfilled slot (:attr:`backfill`), the schedule's slot before it: the window it covers
+    is ``(previous_success, slot]``, as a run on time would."""
     started_at: datetime
     deadline: datetime
     """When the run's timeout expires (wall time, UTC)."""
